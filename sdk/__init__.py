@@ -1,0 +1,105 @@
+"""meshbus: an embeddable, plugin-based message bus with event-broker semantics.
+
+The public API is what ``__all__`` lists; modules starting with ``_`` are private.
+"""
+
+from __future__ import annotations
+
+from ._clock import ManualClock, SystemClock
+from ._index import SubscriptionIndex
+from ._messages import DeliveryMode, Envelope, Message
+from ._node import DEFAULT_PLUGINS, Node
+from ._pipeline import Pipeline, Router
+from ._plugins import ENTRY_POINT_GROUP, PluginManager, available_plugins
+from ._profiles import (
+    AclAction,
+    AclProfile,
+    ClientProfile,
+    ClientUsername,
+    hash_password,
+    verify_password,
+)
+from ._session import MessageHandler, Session
+from ._stash import Stash, StashKey
+from ._stats import NodeStatistics, SessionStatistics, VpnStatistics
+from ._topics import (
+    Subscription,
+    TopicLimits,
+    filter_covers,
+    filter_matches,
+    filters_overlap,
+    from_mqtt_filter,
+    parse_subscription,
+    validate_topic,
+)
+from ._vpn import Vpn
+from .errors import (
+    AccessDeniedError,
+    AuthenticationError,
+    ConfigurationError,
+    InvalidTopicError,
+    LimitExceededError,
+    MeshbusError,
+    PluginError,
+    ProtocolError,
+    PublishRejectedError,
+    SpoolError,
+    StateError,
+    TransportError,
+)
+from .hookspecs import hookimpl, hookspec
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "DEFAULT_PLUGINS",
+    "ENTRY_POINT_GROUP",
+    "AccessDeniedError",
+    "AclAction",
+    "AclProfile",
+    "AuthenticationError",
+    "ClientProfile",
+    "ClientUsername",
+    "ConfigurationError",
+    "DeliveryMode",
+    "Envelope",
+    "InvalidTopicError",
+    "LimitExceededError",
+    "ManualClock",
+    "MeshbusError",
+    "Message",
+    "MessageHandler",
+    "Node",
+    "NodeStatistics",
+    "Pipeline",
+    "PluginError",
+    "PluginManager",
+    "ProtocolError",
+    "PublishRejectedError",
+    "Router",
+    "Session",
+    "SessionStatistics",
+    "SpoolError",
+    "Stash",
+    "StashKey",
+    "StateError",
+    "Subscription",
+    "SubscriptionIndex",
+    "SystemClock",
+    "TopicLimits",
+    "TransportError",
+    "Vpn",
+    "VpnStatistics",
+    "__version__",
+    "available_plugins",
+    "filter_covers",
+    "filter_matches",
+    "filters_overlap",
+    "from_mqtt_filter",
+    "hash_password",
+    "hookimpl",
+    "hookspec",
+    "parse_subscription",
+    "validate_topic",
+    "verify_password",
+]

@@ -1,0 +1,112 @@
+"""A session's bounded egress buffer for direct messages (SPEC 2).
+
+Delivery appends without awaiting; when the buffer is over its message or
+byte limit the **oldest** messages are discarded and the next message the
+consumer takes carries ``discard_indication=True``. The consumer waits only
+when the buffer is empty, and then drains without further checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import anyio
+
+from ._messages import Message
+from .errors import StateError
+
+__all__ = ["Egress"]
+
+
+class Egress:
+    """Bounded FIFO of messages waiting for one consumer."""
+
+    __slots__ = (
+        "_bytes",
+        "_closed",
+        "_discard_pending",
+        "_queue",
+        "_waiter",
+        "discarded",
+        "max_bytes",
+        "max_messages",
+    )
+
+    def __init__(self, max_messages: int, max_bytes: int) -> None:
+        self._queue: deque[Message] = deque()
+        self._bytes = 0
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.discarded = 0
+        self._discard_pending = False
+        self._waiter: anyio.Event | None = None
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def bytes(self) -> int:
+        """Payload bytes waiting."""
+        return self._bytes
+
+    def push(self, message: Message) -> None:
+        """Append ``message``, discarding the oldest if over the limits. Never blocks."""
+        queue = self._queue
+        queue.append(message)
+        self._bytes += len(message.payload)
+        if len(queue) > self.max_messages or self._bytes > self.max_bytes:
+            self._shed()
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set()
+
+    def _shed(self) -> None:
+        queue = self._queue
+        while queue and (len(queue) > self.max_messages or self._bytes > self.max_bytes):
+            self._bytes -= len(queue.popleft().payload)
+            self.discarded += 1
+            self._discard_pending = True
+
+    def get_nowait(self) -> Message | None:
+        """The next message, or ``None`` when the buffer is empty."""
+        if not self._queue:
+            if self._closed:
+                raise StateError("session is closed")
+            return None
+        message = self._queue.popleft()
+        self._bytes -= len(message.payload)
+        if self._discard_pending:
+            self._discard_pending = False
+            message = message.evolve(discard_indication=True)
+        return message
+
+    async def get(self) -> Message:
+        """The next message, waiting while the buffer is empty.
+
+        Raises :class:`StateError` once the session is closed.
+        """
+        while not self._queue:
+            if self._closed:
+                raise StateError("session is closed")
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._waiter = anyio.Event()
+            await waiter.wait()
+        message = self._queue.popleft()
+        self._bytes -= len(message.payload)
+        if self._discard_pending:
+            self._discard_pending = False
+            message = message.evolve(discard_indication=True)
+        return message
+
+    def close(self) -> None:
+        """Drop what is waiting and wake the consumer so it sees the close."""
+        self._closed = True
+        self._queue.clear()
+        self._bytes = 0
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set()

@@ -1,0 +1,217 @@
+"""The node: one in-process broker hosting Message VPNs, composed from plugins."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from contextlib import AsyncExitStack
+from types import MappingProxyType, TracebackType
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._clock import SystemClock
+from ._plugins import PluginManager, compose
+from ._session import MessageHandler, Session
+from ._stash import Stash
+from ._stats import NodeStatistics
+from ._topics import TopicLimits
+from ._vpn import Vpn
+from .abc import Clock
+from .errors import ConfigurationError, StateError
+
+__all__ = ["DEFAULT_PLUGINS", "Node"]
+
+DEFAULT_PLUGINS: tuple[str, ...] = ("direct",)
+"""Entry-point names loaded when ``Node(plugins=None)``."""
+
+
+class Node:
+    """An in-process broker. Use it as an async context manager::
+
+        async with Node() as node:
+            async with node.connect() as session:
+                session.subscribe("greetings/>")
+                session.publish("greetings/world", b"hello")
+                print(await session.receive())
+
+    :param name: used in generated client names and logs.
+    :param plugins: plugin objects and/or installed plugin names (entry points of
+        the ``meshbus`` group). ``None`` means :data:`DEFAULT_PLUGINS`.
+    :param autoload: also load every installed plugin not named in ``plugins``.
+    :param block: plugin names never to load.
+    :param clock: where time comes from (a :class:`meshbus.testing.ManualClock` in tests).
+    :param seed: seeds :attr:`random`, which plugins use for random choices.
+    :param topic_limits: default limits for the VPNs of this node.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "meshbus",
+        plugins: Iterable[object] | None = None,
+        autoload: bool = False,
+        block: Iterable[str] = (),
+        clock: Clock | None = None,
+        seed: int | None = None,
+        topic_limits: TopicLimits | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"node name must be a non-empty str, got {name!r}")
+        self.name = name
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.random = random.Random(seed)
+        self.topic_limits = topic_limits if topic_limits is not None else TopicLimits()
+        self.stash = Stash()
+        self.plugins = PluginManager()
+        compose(
+            self.plugins,
+            DEFAULT_PLUGINS if plugins is None else plugins,
+            autoload=autoload,
+            blocked=block,
+        )
+        self._vpns: dict[str, Vpn] = {}
+        self._task_group: TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
+        self._lifespans: AsyncExitStack | None = None
+        self._used = False
+        self.plugins.configure(self)
+        self.create_vpn("default")
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<Node {self.name!r} {state} vpns={list(self._vpns)}>"
+
+    # --- VPNs ---------------------------------------------------------------------
+
+    def create_vpn(
+        self, name: str, *, authentication: str = "none", topic_limits: TopicLimits | None = None
+    ) -> Vpn:
+        """Create a Message VPN; raise :class:`StateError` if the name is taken."""
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ConfigurationError(f"VPN name must be a non-empty str without '/', got {name!r}")
+        if name in self._vpns:
+            raise StateError(f"VPN {name!r} already exists")
+        vpn = Vpn(self, name, authentication, topic_limits or self.topic_limits)
+        self._vpns[name] = vpn
+        return vpn
+
+    def vpn(self, name: str = "default") -> Vpn:
+        """The VPN called ``name``."""
+        try:
+            return self._vpns[name]
+        except KeyError:
+            raise StateError(f"no VPN named {name!r} on node {self.name!r}") from None
+
+    def remove_vpn(self, name: str) -> None:
+        """Close every session of the VPN and remove it."""
+        vpn = self.vpn(name)
+        vpn._close_all()
+        vpn.removed = True
+        del self._vpns[name]
+        self.plugins.vpn_removed(vpn)
+
+    @property
+    def vpns(self) -> Mapping[str, Vpn]:
+        """VPNs by name (read-only view)."""
+        return MappingProxyType(self._vpns)
+
+    # --- sessions -----------------------------------------------------------------
+
+    def connect(
+        self,
+        vpn: str = "default",
+        *,
+        username: str = "default",
+        password: str | None = None,
+        client_name: str | None = None,
+        no_local: bool = False,
+        on_message: MessageHandler | None = None,
+    ) -> Session:
+        """Log in to a VPN and open a session (also usable as ``async with``).
+
+        :param on_message: a function called with each message, inline with the
+            publish, or an ``async`` function awaited by one task per session;
+            ``None`` buffers messages for :meth:`Session.receive`.
+        :raises AuthenticationError: the login was refused.
+        :raises StateError: the node is not running, or the client name is in use.
+        """
+        return self.vpn(vpn).open_session(
+            username=username,
+            password=password,
+            client_name=client_name,
+            no_local=no_local,
+            on_message=on_message,
+        )
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether the node has started and not stopped."""
+        return self._task_group is not None
+
+    @property
+    def task_group(self) -> TaskGroup:
+        """The node's task group, for plugins' long-lived tasks (never one per message)."""
+        if self._task_group is None:
+            raise StateError("the node is not running")
+        return self._task_group
+
+    async def __aenter__(self) -> Node:
+        if self._used:
+            raise StateError("a Node can be started only once; create a new one")
+        self._used = True
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            lifespans = AsyncExitStack()
+            await stack.enter_async_context(lifespans)
+            for cm in self.plugins.lifespans(self):
+                await lifespans.enter_async_context(cm)
+        except BaseException as exc:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._stack = stack
+        self._lifespans = lifespans
+        self._task_group = tg
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._stack is not None
+        assert self._lifespans is not None
+        try:
+            for vpn in list(self._vpns.values()):
+                vpn._close_all()
+            # Plugins clean up while their tasks still run, then the tasks are cancelled.
+            await self._lifespans.aclose()
+            self.task_group.cancel_scope.cancel()
+        finally:
+            self._task_group = None
+            try:
+                suppress = await self._stack.__aexit__(exc_type, exc, tb)
+            finally:
+                self.plugins.unconfigure(self)
+        return suppress
+
+    # --- statistics ---------------------------------------------------------------
+
+    def statistics(self) -> NodeStatistics:
+        """Totals over every VPN."""
+        per_vpn = [vpn.statistics() for vpn in self._vpns.values()]
+        return NodeStatistics(
+            vpns=len(per_vpn),
+            sessions=sum(s.sessions for s in per_vpn),
+            published=sum(s.published for s in per_vpn),
+            delivered=sum(s.delivered for s in per_vpn),
+            discarded=sum(s.discarded for s in per_vpn),
+            denied=sum(s.denied for s in per_vpn),
+            unmatched=sum(s.unmatched for s in per_vpn),
+            login_failures=sum(s.login_failures for s in per_vpn),
+        )

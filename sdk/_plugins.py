@@ -1,0 +1,200 @@
+"""The plugin manager facade: the only module that calls ``pm.hook.*``.
+
+Plugins are composed explicitly: ``Node(plugins=[...])`` takes plugin objects
+(modules, classes' instances) and entry-point names from the ``meshbus``
+group. The built-in plugins are found through that same group, so they use no
+API a third-party plugin could not. ``autoload=True`` additionally loads every
+installed plugin of the group.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import pluggy
+
+from . import hookspecs
+from .errors import ConfigurationError, PluginError
+
+if TYPE_CHECKING:
+    from ._node import Node
+    from ._pipeline import Pipeline
+    from ._profiles import ClientUsername
+    from ._session import Session
+    from ._topics import Subscription
+    from ._vpn import Vpn
+
+__all__ = ["ENTRY_POINT_GROUP", "PluginManager", "available_plugins"]
+
+ENTRY_POINT_GROUP = "meshbus"
+
+
+def available_plugins() -> dict[str, importlib.metadata.EntryPoint]:
+    """Installed plugins by entry-point name (nothing is imported)."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+class PluginManager:
+    """Typed facade over :class:`pluggy.PluginManager` for the ``meshbus`` hooks."""
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+        self._pm.add_hookspecs(hookspecs)
+
+    # --- composition -------------------------------------------------------------
+
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register a plugin object (a module or an instance with ``meshbus_*`` hooks)."""
+        if isinstance(plugin, str):
+            return self.load(plugin)
+        if self._pm.is_registered(plugin):
+            raise PluginError(f"plugin {self._describe(plugin)} is registered twice", plugin)
+        if name is not None and self._pm.has_plugin(name):
+            raise PluginError(f"a plugin named {name!r} is already registered", plugin)
+        try:
+            registered = self._pm.register(plugin, name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(
+                f"plugin {self._describe(plugin)} is invalid: {exc}", plugin
+            ) from None
+        except ValueError as exc:
+            raise PluginError(f"plugin {self._describe(plugin)} rejected: {exc}", plugin) from None
+        if registered is None:  # blocked
+            raise PluginError(f"plugin {name or self._describe(plugin)!r} is blocked", plugin)
+        # Catch hooks with a typo or from another version at once, not when they fail to fire.
+        unknown = [
+            attr
+            for attr in dir(plugin)
+            if attr.startswith("meshbus_") and not hasattr(self._pm.hook, attr)
+        ]
+        if unknown:
+            self._pm.unregister(plugin)
+            raise PluginError(
+                f"plugin {self._describe(plugin)} implements unknown hooks: {', '.join(unknown)}",
+                plugin,
+            )
+        return registered
+
+    def load(self, name: str) -> str:
+        """Register the installed plugin with entry-point name ``name``."""
+        if self._pm.has_plugin(name):
+            raise PluginError(f"plugin {name!r} is registered twice", name)
+        if self._pm.is_blocked(name):
+            raise PluginError(f"plugin {name!r} is blocked", name)
+        ep = available_plugins().get(name)
+        if ep is None:
+            known = ", ".join(sorted(available_plugins())) or "none"
+            raise PluginError(
+                f"no installed meshbus plugin named {name!r} (installed: {known})", name
+            )
+        try:
+            plugin = ep.load()
+        except Exception as exc:
+            raise PluginError(f"plugin {name!r} failed to import: {exc!r}", name) from exc
+        return self.register(plugin, name)
+
+    def autoload(self) -> None:
+        """Register every installed plugin that is not registered or blocked yet."""
+        for name in available_plugins():
+            if not self._pm.has_plugin(name) and not self._pm.is_blocked(name):
+                self.load(name)
+
+    def block(self, name: str) -> None:
+        """Refuse to register the plugin called ``name`` (unregistering it if present)."""
+        self._pm.set_blocked(name)
+
+    def unregister(self, plugin: object) -> None:
+        """Remove a registered plugin object."""
+        self._pm.unregister(plugin)
+
+    def names(self) -> list[str]:
+        """Names of the registered plugins, in registration order."""
+        return [name for name, _ in self._pm.list_name_plugin()]
+
+    def get(self, name: str) -> object | None:
+        """The plugin object registered as ``name``."""
+        return self._pm.get_plugin(name)
+
+    def check_pending(self) -> None:
+        """Raise :class:`PluginError` if a plugin implements a hook nobody specified."""
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(str(exc), getattr(exc, "plugin", None)) from None
+
+    @staticmethod
+    def _describe(plugin: object) -> str:
+        if isinstance(plugin, ModuleType):
+            return plugin.__name__
+        return repr(plugin)
+
+    # --- hook calls: one typed method per hookspec ---------------------------------
+
+    def configure(self, node: Node) -> None:
+        self._pm.hook.meshbus_configure(node=node)
+
+    def lifespans(self, node: Node) -> list[AbstractAsyncContextManager[None]]:
+        # pluggy returns results in LIFO registration order; enter them first-registered first.
+        results = self._pm.hook.meshbus_lifespan(node=node)
+        return [cm for cm in reversed(results) if cm is not None]
+
+    def unconfigure(self, node: Node) -> None:
+        self._pm.hook.meshbus_unconfigure(node=node)
+
+    def vpn_created(self, vpn: Vpn, pipeline: Pipeline) -> None:
+        self._pm.hook.meshbus_vpn_created(vpn=vpn)
+        self._pm.hook.meshbus_vpn_pipeline(vpn=vpn, pipeline=pipeline)
+
+    def vpn_removed(self, vpn: Vpn) -> None:
+        self._pm.hook.meshbus_vpn_removed(vpn=vpn)
+
+    def authenticate(self, vpn: Vpn, username: str, password: str | None) -> ClientUsername | None:
+        result: ClientUsername | None = self._pm.hook.meshbus_authenticate(
+            vpn=vpn, username=username, password=password
+        )
+        return result
+
+    def session_opened(self, session: Session) -> None:
+        self._pm.hook.meshbus_session_opened(session=session)
+
+    def session_closed(self, session: Session) -> None:
+        self._pm.hook.meshbus_session_closed(session=session)
+
+    def subscribe(self, session: Session, subscription: Subscription) -> None:
+        handled = self._pm.hook.meshbus_subscribe(session=session, subscription=subscription)
+        if not handled:
+            kind = "shared" if subscription.is_shared else "direct"
+            plugin = "shared" if subscription.is_shared else "direct"
+            raise ConfigurationError(
+                f"no plugin handles {kind} subscriptions such as {subscription.text!r}; "
+                f"add the {plugin!r} plugin to the node"
+            )
+        self._pm.hook.meshbus_subscription_added(session=session, subscription=subscription)
+
+    def unsubscribe(self, session: Session, subscription: Subscription) -> bool:
+        handled = bool(
+            self._pm.hook.meshbus_unsubscribe(session=session, subscription=subscription)
+        )
+        if handled:
+            self._pm.hook.meshbus_subscription_removed(session=session, subscription=subscription)
+        return handled
+
+
+def compose(
+    pm: PluginManager, plugins: Iterable[object], autoload: bool, blocked: Iterable[str]
+) -> None:
+    """Register ``plugins`` (objects or entry-point names) into ``pm``, then validate."""
+    for name in blocked:
+        pm.block(name)
+    for plugin in plugins:
+        if isinstance(plugin, str):
+            pm.load(plugin)
+        else:
+            pm.register(plugin)
+    if autoload:
+        pm.autoload()
+    pm.check_pending()

@@ -1,0 +1,334 @@
+"""Sessions: a client's login to one VPN, for publishing, subscribing and receiving."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ._acl import AclChecker
+from ._egress import Egress
+from ._messages import _EMPTY_HEADERS as _NO_HEADERS
+from ._messages import DeliveryMode, Envelope, Message
+from ._stash import Stash
+from ._stats import SessionStatistics
+from ._topics import Subscription, parse_subscription, validate_topic
+from .errors import AccessDeniedError, LimitExceededError, StateError
+
+if TYPE_CHECKING:
+    from ._node import Node
+    from ._profiles import AclProfile, ClientProfile, ClientUsername
+    from ._vpn import Vpn
+
+__all__ = ["MessageHandler", "Session"]
+
+log = logging.getLogger("meshbus.session")
+
+MessageHandler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
+
+_DIRECT = DeliveryMode.DIRECT
+_ADMITTED_CACHE = 4096  # topics remembered as valid and allowed, per session
+
+
+class Session:
+    """One client's login to a VPN. Open it with :meth:`meshbus.Node.connect`.
+
+    Messages for the session are either handed to ``on_message`` (a plain
+    function is called inline by the publishing code; an ``async`` function is
+    awaited by one task per session) or buffered for :meth:`receive` and
+    ``async for``. Direct delivery never blocks a publisher: a slow consumer's
+    buffer drops its oldest message (SPEC 2).
+    """
+
+    def __init__(
+        self,
+        vpn: Vpn,
+        client_name: str,
+        user: ClientUsername,
+        username: str,
+        client_profile: ClientProfile,
+        acl_profile: AclProfile,
+        no_local: bool,
+        on_message: MessageHandler | None,
+    ) -> None:
+        self.vpn = vpn
+        self.client_name = client_name
+        self.username = username
+        self.user = user
+        self.client_profile = client_profile
+        self.acl_profile = acl_profile
+        self.no_local = no_local
+        self.stash = Stash()
+        self.closed = False
+        self._acl = AclChecker(acl_profile, username, client_name)
+        self._admitted: dict[str, None] = {}
+        self._subscriptions: dict[str, Subscription] = {}
+        self._egress = Egress(client_profile.egress_max_messages, client_profile.egress_max_bytes)
+        self._time = vpn.node.clock.time
+        self._dispatch = vpn._dispatch
+        self.published = 0
+        self.delivered = 0
+        self.denied = 0
+        self.handler_errors = 0
+        self._handler: Callable[[Message], None] | None = None
+        self._async_handler: Callable[[Message], Awaitable[None]] | None = None
+        #: The per-message entry point routers call: ``session.deliver(message)``.
+        self.deliver: Callable[[Message], None]
+        if on_message is None:
+            self.deliver = self._egress.push
+        elif inspect.iscoroutinefunction(on_message):
+            self._async_handler = on_message
+            self.deliver = self._egress.push
+        elif callable(on_message):
+            self._handler = on_message  # type: ignore[assignment]
+            self.deliver = self._call_handler
+        else:
+            raise TypeError(f"on_message must be callable, got {on_message!r}")
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (
+            f"<Session {self.client_name!r} user={self.username!r} vpn={self.vpn.name!r} {state}>"
+        )
+
+    @property
+    def node(self) -> Node:
+        """The node the session's VPN belongs to."""
+        return self.vpn.node
+
+    @property
+    def subscriptions(self) -> tuple[str, ...]:
+        """The subscriptions this session holds, as given."""
+        return tuple(self._subscriptions)
+
+    # --- publishing (per message: no await, no hook) ---------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | bytearray | memoryview | str = b"",
+        *,
+        headers: Mapping[str, Any] | None = None,
+        eliding_eligible: bool = False,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Publish a direct message. Returns at once; never blocks on slow consumers.
+
+        :raises InvalidTopicError: the topic is not valid (SPEC 1).
+        :raises AccessDeniedError: the ACL profile denies publishing to it.
+        :raises StateError: the session is closed.
+        """
+        if topic not in self._admitted:
+            self._admit(topic)
+        if type(payload) is not bytes:
+            payload = _as_bytes(payload)
+        message = Message(
+            topic,
+            payload,
+            _DIRECT,
+            _NO_HEADERS if headers is None else dict(headers),
+            eliding_eligible,
+            reply_to,
+            correlation_id,
+            self.client_name,
+            self._time(),
+        )
+        self.published += 1
+        self._dispatch(Envelope(message, self))
+
+    def _admit(self, topic: str) -> None:
+        """First publish to ``topic``: validate it and check the ACL, then remember it."""
+        if self.closed:
+            raise StateError(f"session {self.client_name!r} is closed")
+        validate_topic(topic, self.vpn.topic_limits)
+        if not self._acl.may_publish(topic):
+            self.denied += 1
+            raise AccessDeniedError(self.username, "publish", topic)
+        if len(self._admitted) >= _ADMITTED_CACHE:
+            self._admitted.clear()
+        self._admitted[topic] = None
+
+    # --- subscriptions ------------------------------------------------------------
+
+    def subscribe(self, subscription: str) -> None:
+        """Add a subscription (a filter, ``#share/...`` or ``#noexport/...``).
+
+        Subscribing twice to the same text is a no-op.
+
+        :raises InvalidTopicError: the subscription is not valid (SPEC 1).
+        :raises AccessDeniedError: the ACL profile denies it.
+        :raises LimitExceededError: the client profile's ``max_subscriptions`` is reached.
+        """
+        self._check_open()
+        self._add_subscription(subscription, self)
+
+    def unsubscribe(self, subscription: str) -> None:
+        """Remove a subscription; removing one the session does not hold is a no-op."""
+        self._check_open()
+        sub = self._subscriptions.pop(subscription, None)
+        if sub is not None:
+            self.vpn.node.plugins.unsubscribe(self, sub)
+
+    def subscribe_for(self, client_name: str, subscription: str) -> None:
+        """As a subscription manager, add a subscription to another session of this VPN.
+
+        This session's ACL profile is checked, not the target's. The subscription
+        then belongs to the target: it goes when the target closes, not when
+        this session does.
+
+        :raises AccessDeniedError: this session's username is not a subscription manager.
+        :raises StateError: no open session has that client name.
+        """
+        self._check_open()
+        target = self._manager_target(client_name, subscription)
+        target._add_subscription(subscription, self)
+
+    def unsubscribe_for(self, client_name: str, subscription: str) -> None:
+        """As a subscription manager, remove a subscription from another session."""
+        self._check_open()
+        target = self._manager_target(client_name, subscription)
+        target.unsubscribe(subscription)
+
+    def _manager_target(self, client_name: str, subscription: str) -> Session:
+        if not self.user.subscription_manager:
+            self.denied += 1
+            raise AccessDeniedError(
+                self.username, "subscribe", subscription, "not a subscription manager"
+            )
+        target = self.vpn.sessions.get(client_name)
+        if target is None:
+            raise StateError(f"no open session named {client_name!r} in VPN {self.vpn.name!r}")
+        return target
+
+    def _add_subscription(self, text: str, checked_by: Session) -> None:
+        if text in self._subscriptions:
+            return
+        sub = parse_subscription(text, self.vpn.topic_limits)
+        if not checked_by._acl.may_subscribe(sub.filter):
+            checked_by.denied += 1
+            raise AccessDeniedError(checked_by.username, "subscribe", text)
+        limit = self.client_profile.max_subscriptions
+        if len(self._subscriptions) >= limit:
+            raise LimitExceededError(
+                f"session {self.client_name!r} already holds {limit} subscriptions", limit
+            )
+        self.vpn.node.plugins.subscribe(self, sub)
+        self._subscriptions[text] = sub
+
+    # --- receiving ------------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        """Wait for the next message.
+
+        :raises StateError: the session is closed, or it delivers to ``on_message``.
+        """
+        if self._handler is not None or self._async_handler is not None:
+            raise StateError("this session delivers to its on_message handler")
+        message = await self._egress.get()
+        self.delivered += 1
+        return message
+
+    def receive_nowait(self) -> Message | None:
+        """The next waiting message, or ``None`` when there is none."""
+        if self._handler is not None or self._async_handler is not None:
+            raise StateError("this session delivers to its on_message handler")
+        message = self._egress.get_nowait()
+        if message is not None:
+            self.delivered += 1
+        return message
+
+    def __aiter__(self) -> Session:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except StateError:
+            if self.closed:
+                raise StopAsyncIteration from None
+            raise
+
+    def _call_handler(self, message: Message) -> None:
+        self.delivered += 1
+        try:
+            self._handler(message)  # type: ignore[misc]
+        except Exception:
+            self._handler_failed()
+
+    def _handler_failed(self) -> None:
+        self.handler_errors += 1
+        if self.handler_errors == 1:  # log the first, count the rest: a loop must not flood logs
+            log.exception(
+                "message handler of session %r raised; further errors are only counted",
+                self.client_name,
+            )
+
+    async def _pump(self) -> None:
+        """Feed buffered messages to an async ``on_message``: one task per session."""
+        handler = self._async_handler
+        assert handler is not None
+        egress = self._egress
+        while True:
+            try:
+                message = await egress.get()
+            except StateError:
+                return
+            self.delivered += 1
+            try:
+                await handler(message)
+            except Exception:
+                self._handler_failed()
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StateError(f"session {self.client_name!r} is closed")
+
+    def close(self) -> None:
+        """Remove every subscription, drop buffered messages and log out. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        plugins = self.vpn.node.plugins
+        for sub in reversed(tuple(self._subscriptions.values())):
+            plugins.unsubscribe(self, sub)
+        self._subscriptions.clear()
+        self._admitted.clear()
+        self._egress.close()
+        self.vpn._session_closed(self)
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def statistics(self) -> SessionStatistics:
+        """A snapshot of this session's counters."""
+        return SessionStatistics(
+            published=self.published,
+            delivered=self.delivered,
+            discarded=self._egress.discarded,
+            denied=self.denied,
+            handler_errors=self.handler_errors,
+            egress_messages=len(self._egress),
+            egress_bytes=self._egress.bytes,
+            subscriptions=len(self._subscriptions),
+        )
+
+
+def _as_bytes(payload: object) -> bytes:
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    raise TypeError(f"payload must be bytes or str, not {type(payload).__name__}")

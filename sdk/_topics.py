@@ -1,0 +1,272 @@
+"""Topic and subscription-filter syntax (SPEC section 1).
+
+A topic is a string of levels separated by ``/``. A filter adds two wildcards:
+``*`` alone in a level matches exactly one level, ``ab*`` matches a level that
+starts with ``ab``, and ``>`` as the last level alone matches one or more
+further levels. Anywhere else ``*`` and ``>`` are literal characters.
+
+This module only parses and validates; matching many filters at once is the
+job of :mod:`meshbus._index`. The pairwise helpers here (:func:`filter_matches`,
+:func:`filter_covers`, :func:`filters_overlap`) serve ACL checks, which compare
+a handful of filters, never every subscription.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import InvalidTopicError
+
+__all__ = [
+    "Subscription",
+    "TopicLimits",
+    "filter_covers",
+    "filter_matches",
+    "filters_overlap",
+    "from_mqtt_filter",
+    "is_wildcard_filter",
+    "parse_subscription",
+    "validate_topic",
+]
+
+SHARE_PREFIX = "#share/"
+NOEXPORT_PREFIX = "#noexport/"
+
+
+@attrs.frozen
+class TopicLimits:
+    """Size limits for topics and filters (SPEC 1 defaults)."""
+
+    max_bytes: int = attrs.field(default=250, validator=attrs.validators.gt(0))
+    """Longest topic or filter, in UTF-8 bytes."""
+    max_levels: int = attrs.field(default=128, validator=attrs.validators.gt(0))
+    """Most levels in a topic or filter."""
+
+
+DEFAULT_LIMITS = TopicLimits()
+
+
+@attrs.frozen
+class Subscription:
+    """A parsed subscription request.
+
+    ``#noexport/#share/g/a/>`` parses to ``filter="a/>"``, ``share_name="g"``,
+    ``no_export=True`` and keeps the original text in ``text``.
+    """
+
+    text: str
+    """The subscription exactly as the client gave it."""
+    filter: str
+    """The topic filter, without reserved prefixes."""
+    share_name: str | None = None
+    """The ShareName of a ``#share/`` subscription, else ``None``."""
+    no_export: bool = False
+    """``True`` when the ``#noexport/`` prefix was given (never advertised to other nodes)."""
+
+    @property
+    def is_shared(self) -> bool:
+        """Whether this is a shared subscription (SPEC 3)."""
+        return self.share_name is not None
+
+
+def _check_common(text: str, limits: TopicLimits, what: str) -> list[str]:
+    if not isinstance(text, str):
+        raise InvalidTopicError(repr(text), f"{what} must be a str, not {type(text).__name__}")
+    if not text:
+        raise InvalidTopicError(text, f"{what} is empty")
+    if "\x00" in text:
+        level = text[: text.index("\x00")].count("/") + 1
+        raise InvalidTopicError(text, "NUL character is not allowed", level)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        level = text[: exc.start].count("/") + 1
+        raise InvalidTopicError(text, "not valid UTF-8 (lone surrogate)", level) from None
+    if size > limits.max_bytes:
+        raise InvalidTopicError(text, f"{size} bytes is over the limit of {limits.max_bytes}")
+    levels = text.split("/")
+    if len(levels) > limits.max_levels:
+        raise InvalidTopicError(
+            text, f"{len(levels)} levels is over the limit of {limits.max_levels}"
+        )
+    return levels
+
+
+def validate_topic(topic: str, limits: TopicLimits = DEFAULT_LIMITS) -> None:
+    """Check a topic a client publishes to; raise :class:`InvalidTopicError` if invalid.
+
+    Topics starting with ``#`` are reserved for the system and rejected.
+    """
+    _check_common(topic, limits, "topic")
+    if topic.startswith("#"):
+        raise InvalidTopicError(topic, "topics starting with '#' are reserved for the system", 1)
+
+
+def parse_subscription(text: str, limits: TopicLimits = DEFAULT_LIMITS) -> Subscription:
+    """Parse and validate a subscription, including ``#noexport/`` and ``#share/`` prefixes."""
+    _check_common(text, limits, "subscription")
+    rest = text
+    no_export = False
+    share_name = None
+    offset = 0  # levels consumed by prefixes, so errors name the level in `text`
+    if rest.startswith(NOEXPORT_PREFIX):
+        no_export = True
+        rest = rest[len(NOEXPORT_PREFIX) :]
+        offset += 1
+    if rest.startswith(SHARE_PREFIX):
+        rest = rest[len(SHARE_PREFIX) :]
+        name, sep, rest = rest.partition("/")
+        offset += 2
+        if not name:
+            raise InvalidTopicError(text, "a shared subscription needs a ShareName", offset)
+        if "*" in name or ">" in name:
+            raise InvalidTopicError(text, "ShareName may not contain wildcards", offset)
+        if not sep or not rest:
+            raise InvalidTopicError(
+                text, "a shared subscription needs a topic filter after the ShareName"
+            )
+        share_name = name
+    if rest.startswith("#"):
+        raise InvalidTopicError(
+            text, "subscriptions starting with '#' are reserved for the system", offset + 1
+        )
+    if not rest:
+        raise InvalidTopicError(text, "the topic filter is empty")
+    return Subscription(text=text, filter=rest, share_name=share_name, no_export=no_export)
+
+
+def is_wildcard_filter(filter: str) -> bool:
+    """Whether a (valid) filter contains a wildcard level, so it can match more than one topic."""
+    if filter == ">" or filter.endswith("/>"):
+        return True
+    if "*" not in filter:
+        return False
+    return any(level.endswith("*") for level in filter.split("/"))
+
+
+def from_mqtt_filter(mqtt_filter: str) -> tuple[str, ...]:
+    """Translate an MQTT topic filter into the equivalent meshbus filters.
+
+    ``+`` becomes ``*``; ``a/#`` becomes ``("a", "a/>")`` because MQTT's ``#``
+    also matches the parent level; ``#`` alone becomes ``(">",)``; an MQTT
+    shared subscription ``$share/g/f`` becomes ``#share/g/<f translated>``.
+    This is the only place the two syntaxes meet.
+    """
+    if mqtt_filter.startswith("$share/"):
+        _, group, rest = mqtt_filter.split("/", 2) if mqtt_filter.count("/") >= 2 else ("", "", "")
+        if not group or not rest:
+            raise InvalidTopicError(
+                mqtt_filter, "MQTT shared subscription needs a group and a filter"
+            )
+        return tuple(f"#share/{group}/{f}" for f in from_mqtt_filter(rest))
+    if not mqtt_filter:
+        raise InvalidTopicError(mqtt_filter, "topic filter is empty")
+    levels = mqtt_filter.split("/")
+    out: list[str] = []
+    for i, level in enumerate(levels, start=1):
+        if level == "+":
+            out.append("*")
+        elif level == "#":
+            if i != len(levels):
+                raise InvalidTopicError(mqtt_filter, "'#' must be the last level", i)
+            if not out:
+                return (">",)
+            parent = "/".join(out)
+            return (parent, parent + "/>")
+        elif "+" in level or "#" in level:
+            raise InvalidTopicError(mqtt_filter, "'+' and '#' must stand alone in a level", i)
+        elif level == "*" or level.endswith("*") or (level == ">" and i == len(levels)):
+            # A literal '*' or trailing '>' in MQTT would become a wildcard here.
+            raise InvalidTopicError(
+                mqtt_filter, f"level {level!r} has no MQTT equivalent (would become a wildcard)", i
+            )
+        else:
+            out.append(level)
+    return ("/".join(out),)
+
+
+# --- pairwise comparisons (ACL checks; never on the per-message path) ------------------
+
+
+def _level_matches(pattern: str, level: str) -> bool:
+    if pattern == "*":
+        return True
+    if pattern.endswith("*"):
+        return level.startswith(pattern[:-1])
+    return pattern == level
+
+
+def filter_matches(filter: str, topic: str) -> bool:
+    """Whether one filter matches one topic."""
+    f = filter.split("/")
+    t = topic.split("/")
+    if f[-1] == ">":
+        if len(t) < len(f):
+            return False
+        f = f[:-1]
+        t = t[: len(f)]
+    elif len(t) != len(f):
+        return False
+    return all(_level_matches(p, lv) for p, lv in zip(f, t, strict=True))
+
+
+def _level_covers(outer: str, inner: str) -> bool:
+    """Every level matched by ``inner`` is matched by ``outer``."""
+    if outer == "*":
+        return True
+    if outer.endswith("*"):
+        # inner is a prefix wildcard or a literal: its matches all start with its prefix.
+        prefix = inner[:-1] if inner.endswith("*") else inner
+        return prefix.startswith(outer[:-1])
+    return not inner.endswith("*") and outer == inner
+
+
+def filter_covers(outer: str, inner: str) -> bool:
+    """Whether every topic that ``inner`` matches is also matched by ``outer``."""
+    o = outer.split("/")
+    i = inner.split("/")
+    inner_rest = i[-1] == ">"
+    if inner_rest:
+        i = i[:-1]
+    if o[-1] == ">":
+        o = o[:-1]
+        # inner's topics all have more than len(o) levels?
+        if len(i) < len(o) or (len(i) == len(o) and not inner_rest):
+            return False
+        return all(_level_covers(a, b) for a, b in zip(o, i[: len(o)], strict=True))
+    if inner_rest or len(i) != len(o):
+        return False
+    return all(_level_covers(a, b) for a, b in zip(o, i, strict=True))
+
+
+def _levels_overlap(a: str, b: str) -> bool:
+    """Whether some single level is matched by both patterns."""
+    a_pre = a[:-1] if a.endswith("*") else None
+    b_pre = b[:-1] if b.endswith("*") else None
+    if a_pre is not None and b_pre is not None:
+        return a_pre.startswith(b_pre) or b_pre.startswith(a_pre)
+    if a_pre is not None:
+        return b.startswith(a_pre)
+    if b_pre is not None:
+        return a.startswith(b_pre)
+    return a == b
+
+
+def filters_overlap(a: str, b: str) -> bool:
+    """Whether at least one topic is matched by both filters."""
+    x = a.split("/")
+    y = b.split("/")
+    x_rest = x[-1] == ">"
+    y_rest = y[-1] == ">"
+    if x_rest:
+        x = x[:-1]
+    if y_rest:
+        y = y[:-1]
+    n = min(len(x), len(y))
+    if not all(_levels_overlap(p, q) for p, q in zip(x[:n], y[:n], strict=True)):
+        return False
+    if len(x) == len(y):
+        return x_rest == y_rest
+    # The shorter one must end in '>' to absorb the other's extra levels
+    # (which it does when they are at least one level).
+    return (len(x) < len(y) and x_rest) or (len(y) < len(x) and y_rest)

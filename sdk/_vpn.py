@@ -1,0 +1,255 @@
+"""Message VPNs: separate topic spaces with their own users, profiles and sessions."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from ._messages import Envelope
+from ._pipeline import Pipeline
+from ._profiles import (
+    AclAction,
+    AclProfile,
+    ClientProfile,
+    ClientUsername,
+    check_identity,
+    hash_password,
+    verify_password,
+)
+from ._session import MessageHandler, Session
+from ._stash import Stash
+from ._stats import VpnStatistics
+from ._topics import TopicLimits
+from .errors import AccessDeniedError, AuthenticationError, ConfigurationError, StateError
+
+if TYPE_CHECKING:
+    from ._node import Node
+
+__all__ = ["Vpn"]
+
+AUTHENTICATION_SCHEMES = ("none", "basic")
+
+
+class Vpn:
+    """A Message VPN. Create with :meth:`meshbus.Node.create_vpn`; ``"default"`` always exists.
+
+    Each VPN starts with a client profile, an ACL profile and a client
+    username all named ``"default"`` that allow everything. With
+    ``authentication="none"`` an unknown username logs in as ``"default"``;
+    with ``"basic"`` only configured usernames with the right password do.
+    """
+
+    def __init__(
+        self, node: Node, name: str, authentication: str, topic_limits: TopicLimits
+    ) -> None:
+        if authentication not in AUTHENTICATION_SCHEMES:
+            raise ConfigurationError(
+                f"VPN {name!r}: authentication must be one of {AUTHENTICATION_SCHEMES}, "
+                f"got {authentication!r}"
+            )
+        self.node = node
+        self.name = name
+        self.authentication = authentication
+        self.topic_limits = topic_limits
+        self.stash = Stash()
+        self._client_profiles = {"default": ClientProfile("default")}
+        self._acl_profiles = {"default": AclProfile("default")}
+        self._users = {"default": ClientUsername("default")}
+        self._sessions: dict[str, Session] = {}
+        self._client_ids = itertools.count(1)
+        self._pending: deque[Envelope] = deque()
+        self._busy = False
+        self.removed = False
+        pipeline = Pipeline()
+        node.plugins.vpn_created(self, pipeline)
+        self.routers = pipeline.names
+        self._route = pipeline.compile()
+        # counters carried over from closed sessions, plus the VPN's own
+        self._closed_totals = [0, 0, 0, 0]  # published, delivered, discarded, denied
+        self.unmatched = 0
+        self.login_failures = 0
+
+    def __repr__(self) -> str:
+        return f"<Vpn {self.name!r} sessions={len(self._sessions)}>"
+
+    # --- configuration -----------------------------------------------------------
+
+    def add_client_profile(self, profile: ClientProfile) -> None:
+        """Add or replace a client profile; open sessions keep the profile they logged in with."""
+        if not isinstance(profile, ClientProfile):
+            raise ConfigurationError(f"expected a ClientProfile, got {profile!r}")
+        self._client_profiles[profile.name] = profile
+
+    def add_acl_profile(self, profile: AclProfile) -> None:
+        """Add or replace an ACL profile; open sessions keep the profile they logged in with."""
+        if not isinstance(profile, AclProfile):
+            raise ConfigurationError(f"expected an AclProfile, got {profile!r}")
+        self._acl_profiles[profile.name] = profile
+
+    def add_user(
+        self,
+        name: str,
+        *,
+        password: str | None = None,
+        client_profile: str = "default",
+        acl_profile: str = "default",
+        subscription_manager: bool = False,
+        enabled: bool = True,
+    ) -> ClientUsername:
+        """Add or replace a client username; the password is stored hashed."""
+        problems = []
+        if client_profile not in self._client_profiles:
+            problems.append(f"unknown client profile {client_profile!r}")
+        if acl_profile not in self._acl_profiles:
+            problems.append(f"unknown ACL profile {acl_profile!r}")
+        if problems:
+            raise ConfigurationError(f"user {name!r}: " + "; ".join(problems), problems)
+        user = ClientUsername(
+            name=name,
+            client_profile=client_profile,
+            acl_profile=acl_profile,
+            password_hash=hash_password(password) if password is not None else None,
+            subscription_manager=subscription_manager,
+            enabled=enabled,
+        )
+        self._users[name] = user
+        return user
+
+    @property
+    def client_profiles(self) -> Mapping[str, ClientProfile]:
+        """Client profiles by name (read-only view)."""
+        return MappingProxyType(self._client_profiles)
+
+    @property
+    def acl_profiles(self) -> Mapping[str, AclProfile]:
+        """ACL profiles by name (read-only view)."""
+        return MappingProxyType(self._acl_profiles)
+
+    @property
+    def users(self) -> Mapping[str, ClientUsername]:
+        """Client usernames by name (read-only view)."""
+        return MappingProxyType(self._users)
+
+    @property
+    def sessions(self) -> Mapping[str, Session]:
+        """Open sessions by client name (read-only view)."""
+        return MappingProxyType(self._sessions)
+
+    # --- sessions ----------------------------------------------------------------
+
+    def _login(self, username: str, password: str | None) -> ClientUsername:
+        user = self.node.plugins.authenticate(self, username, password)
+        if user is not None:
+            return user
+        known = self._users.get(username)
+        if self.authentication == "none":
+            user = known if known is not None else self._users["default"]
+        elif known is None:
+            raise AuthenticationError(username, f"unknown username in VPN {self.name!r}")
+        elif (
+            password is None
+            or known.password_hash is None
+            or not verify_password(password, known.password_hash)
+        ):
+            raise AuthenticationError(username, "wrong password")
+        else:
+            user = known
+        if not user.enabled:
+            raise AuthenticationError(username, "username is disabled")
+        return user
+
+    def open_session(
+        self,
+        *,
+        username: str = "default",
+        password: str | None = None,
+        client_name: str | None = None,
+        no_local: bool = False,
+        on_message: MessageHandler | None = None,
+    ) -> Session:
+        """Log in and open a session (see :meth:`meshbus.Node.connect`)."""
+        if self.removed:
+            raise StateError(f"VPN {self.name!r} was removed")
+        if not self.node.running:
+            raise StateError("the node is not running: use 'async with node:' first")
+        check_identity("username", username)
+        if client_name is None:
+            client_name = f"{self.node.name}-{next(self._client_ids)}"
+        check_identity("client name", client_name)
+        if client_name in self._sessions:
+            raise StateError(f"client name {client_name!r} is already in use in VPN {self.name!r}")
+        try:
+            user = self._login(username, password)
+            acl = self._acl_profiles.get(user.acl_profile)
+            profile = self._client_profiles.get(user.client_profile)
+            if acl is None or profile is None:
+                raise ConfigurationError(
+                    f"user {user.name!r} refers to a profile that no longer exists"
+                )
+            if acl.connect_default is AclAction.DENY:
+                raise AccessDeniedError(username, "connect", why=f"ACL profile {acl.name!r}")
+        except (AccessDeniedError, ConfigurationError):
+            self.login_failures += 1
+            raise
+        session = Session(self, client_name, user, username, profile, acl, no_local, on_message)
+        self._sessions[client_name] = session
+        if session._async_handler is not None:
+            self.node.task_group.start_soon(session._pump, name=f"meshbus pump {client_name}")
+        self.node.plugins.session_opened(session)
+        return session
+
+    def _session_closed(self, session: Session) -> None:
+        del self._sessions[session.client_name]
+        totals = self._closed_totals
+        totals[0] += session.published
+        totals[1] += session.delivered
+        totals[2] += session._egress.discarded
+        totals[3] += session.denied
+        self.node.plugins.session_closed(session)
+
+    # --- per message --------------------------------------------------------------
+
+    def _dispatch(self, envelope: Envelope) -> None:
+        """Route one message. Publishes made while routing (from inline handlers) are
+        queued and routed after, so every subscriber sees each publisher's order."""
+        if self._busy:
+            self._pending.append(envelope)
+            return
+        self._busy = True
+        route = self._route
+        try:
+            if not route(envelope):
+                self.unmatched += 1
+            pending = self._pending
+            while pending:
+                if not route(pending.popleft()):
+                    self.unmatched += 1
+        finally:
+            self._busy = False
+
+    # --- statistics ---------------------------------------------------------------
+
+    def statistics(self) -> VpnStatistics:
+        """A snapshot of this VPN's counters, closed sessions included."""
+        published, delivered, discarded, denied = self._closed_totals
+        for s in self._sessions.values():
+            published += s.published
+            delivered += s.delivered
+            discarded += s._egress.discarded
+            denied += s.denied
+        return VpnStatistics(
+            sessions=len(self._sessions),
+            published=published,
+            delivered=delivered,
+            discarded=discarded,
+            denied=denied,
+            unmatched=self.unmatched,
+            login_failures=self.login_failures,
+        )
+
+    def _close_all(self) -> None:
+        for session in list(self._sessions.values()):
+            session.close()

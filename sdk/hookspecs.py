@@ -1,0 +1,195 @@
+"""Hook specifications: the control-plane contract between the core and plugins.
+
+Hooks fire on rare events only (node start and stop, VPN creation, sessions,
+subscriptions). Nothing here runs per message: a plugin that takes part in
+message delivery contributes plain callables through :func:`meshbus_vpn_pipeline`
+and the core calls those directly.
+
+Implement a hook with :data:`meshbus.hookimpl`::
+
+    from meshbus import hookimpl
+
+    @hookimpl
+    def meshbus_session_opened(session):
+        print("hello", session.client_name)
+
+Only :mod:`meshbus._plugins` calls these hooks, through one typed method each.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from ._node import Node
+    from ._pipeline import Pipeline
+    from ._profiles import ClientUsername
+    from ._session import Session
+    from ._topics import Subscription
+    from ._vpn import Vpn
+
+__all__ = ["hookimpl", "hookspec"]
+
+hookspec = pluggy.HookspecMarker("meshbus")
+hookimpl = pluggy.HookimplMarker("meshbus")
+
+
+# -------------------------------------------------------------------------------------
+# Node lifecycle
+# -------------------------------------------------------------------------------------
+
+
+@hookspec
+def meshbus_configure(node: Node) -> None:
+    """Called once when the node starts, after every plugin is registered.
+
+    Validate settings here and raise :class:`meshbus.ConfigurationError` to
+    refuse to start.
+
+    :param node: the node being started.
+    """
+
+
+@hookspec
+def meshbus_lifespan(node: Node) -> AbstractAsyncContextManager[None] | None:
+    """Return an async context manager that lives as long as the running node.
+
+    Entered in registration order when the node starts and exited in reverse
+    order when it stops. Start background tasks inside it with
+    ``await node.task_group.start(...)`` so that the node is only ready when
+    they are. Return ``None`` when the plugin needs nothing running.
+
+    :param node: the node being started.
+    """
+
+
+@hookspec
+def meshbus_unconfigure(node: Node) -> None:
+    """Called once after the node stopped and every lifespan has exited.
+
+    :param node: the node that stopped.
+    """
+
+
+# -------------------------------------------------------------------------------------
+# Message VPNs
+# -------------------------------------------------------------------------------------
+
+
+@hookspec
+def meshbus_vpn_created(vpn: Vpn) -> None:
+    """Called when a Message VPN is created, before any session can open in it.
+
+    Attach per-VPN plugin state to ``vpn.stash`` here.
+
+    :param vpn: the new VPN.
+    """
+
+
+@hookspec
+def meshbus_vpn_pipeline(vpn: Vpn, pipeline: Pipeline) -> None:
+    """Contribute per-message callables for ``vpn`` (routers).
+
+    Called once per VPN right after :func:`meshbus_vpn_created`. The core
+    compiles what is added into a tuple of plain callables and calls them for
+    every published message; no hook runs per message.
+
+    :param vpn: the VPN being wired.
+    :param pipeline: the collector; call ``pipeline.add_router(name, fn)``.
+    """
+
+
+@hookspec
+def meshbus_vpn_removed(vpn: Vpn) -> None:
+    """Called when a VPN is removed (or its node stops), after its sessions closed.
+
+    :param vpn: the VPN going away.
+    """
+
+
+# -------------------------------------------------------------------------------------
+# Sessions
+# -------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def meshbus_authenticate(vpn: Vpn, username: str, password: str | None) -> ClientUsername | None:
+    """Authenticate a client logging in to ``vpn``; the first non-``None`` result wins.
+
+    Return the :class:`meshbus.ClientUsername` to log in as, or raise
+    :class:`meshbus.AuthenticationError` to refuse. Return ``None`` to leave the
+    decision to later plugins and finally to the VPN's own authentication
+    (``none`` or ``basic`` against its configured users).
+
+    :param vpn: the VPN the client logs in to.
+    :param username: the client username given.
+    :param password: the password given, or ``None``.
+    """
+
+
+@hookspec
+def meshbus_session_opened(session: Session) -> None:
+    """Called when a session has logged in and can publish and subscribe.
+
+    :param session: the new session.
+    """
+
+
+@hookspec
+def meshbus_session_closed(session: Session) -> None:
+    """Called when a session closed, after each of its subscriptions was removed.
+
+    :param session: the closed session.
+    """
+
+
+# -------------------------------------------------------------------------------------
+# Subscriptions
+# -------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def meshbus_subscribe(session: Session, subscription: Subscription) -> bool | None:
+    """Apply a subscription for ``session``; the first plugin to return ``True`` owns it.
+
+    The core has already validated the syntax and checked the ACL. A plugin
+    that handles this kind of subscription (plain, shared, ...) adds it to its
+    own index and returns ``True``; others return ``None``. When no plugin
+    claims it the core raises :class:`meshbus.ConfigurationError` naming the
+    missing plugin.
+
+    :param session: the session that will receive matching messages.
+    :param subscription: the parsed subscription.
+    """
+
+
+@hookspec(firstresult=True)
+def meshbus_unsubscribe(session: Session, subscription: Subscription) -> bool | None:
+    """Remove a subscription applied through :func:`meshbus_subscribe`.
+
+    The plugin that owns this kind of subscription removes it and returns ``True``.
+
+    :param session: the session it belonged to.
+    :param subscription: the parsed subscription.
+    """
+
+
+@hookspec
+def meshbus_subscription_added(session: Session, subscription: Subscription) -> None:
+    """Called after a subscription took effect (routing plugins advertise from here).
+
+    :param session: the subscribing session.
+    :param subscription: the parsed subscription.
+    """
+
+
+@hookspec
+def meshbus_subscription_removed(session: Session, subscription: Subscription) -> None:
+    """Called after a subscription was removed, including when its session closed.
+
+    :param session: the session it belonged to.
+    :param subscription: the parsed subscription.
+    """

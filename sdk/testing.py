@@ -1,0 +1,40 @@
+"""Test helpers, also a pytest plugin (loaded automatically when meshbus is installed).
+
+Fixtures (async, for tests run by anyio's pytest plugin):
+
+* ``meshbus_clock``: a :class:`ManualClock` for the node;
+* ``meshbus_node``: a running :class:`meshbus.Node` with the default plugins on that clock;
+* ``meshbus_session``: a session on its default VPN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from ._clock import ManualClock
+from ._node import Node
+from ._session import Session
+
+__all__ = ["ManualClock", "meshbus_clock", "meshbus_node", "meshbus_session"]
+
+
+@pytest.fixture
+def meshbus_clock() -> ManualClock:
+    """A clock that moves only when the test calls ``advance``."""
+    return ManualClock()
+
+
+@pytest.fixture
+async def meshbus_node(anyio_backend: object, meshbus_clock: ManualClock) -> AsyncIterator[Node]:
+    """A running node with the default plugins, a fixed random seed and a manual clock."""
+    async with Node(name="test", clock=meshbus_clock, seed=0) as node:
+        yield node
+
+
+@pytest.fixture
+async def meshbus_session(meshbus_node: Node) -> AsyncIterator[Session]:
+    """A session on the default VPN of ``meshbus_node``."""
+    async with meshbus_node.connect(client_name="test-session") as session:
+        yield session
