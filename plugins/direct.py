@@ -27,6 +27,7 @@ class DirectRouter:
 
     def __init__(self) -> None:
         self.index: SubscriptionIndex[Session] = SubscriptionIndex()
+        self._cached = self.index.cached  # the cache probe, bound once for the hot path
         # Two subscriptions can share a filter ('a' and '#noexport/a'): count them.
         self.refcounts: dict[Session, dict[str, int]] = {}
 
@@ -54,7 +55,7 @@ class DirectRouter:
         """Deliver to every matching session once; skip the publisher if it is no-local."""
         message = envelope.message
         origin = envelope.origin
-        targets = self.index.match(message.topic)
+        targets = self._cached(message.topic) or self.index.match(message.topic)
         skipped = 0
         for session in targets:
             if session is origin and session.no_local:

@@ -16,11 +16,9 @@ __all__ = ["ManualClock", "SystemClock"]
 class SystemClock(Clock):
     """Real time: :func:`time.monotonic`, :func:`time.time` and :func:`anyio.sleep`."""
 
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
+    # The builtins themselves, so reading the clock on the publish path costs no Python frame.
+    monotonic = staticmethod(time.monotonic)  # type: ignore[assignment]
+    time = staticmethod(time.time)  # type: ignore[assignment]
 
     async def sleep_until(self, deadline: float) -> None:
         await anyio.sleep(max(0.0, deadline - time.monotonic()))

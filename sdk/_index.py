@@ -54,15 +54,18 @@ class SubscriptionIndex(Generic[T]):
     Filters must already be valid (see :func:`meshbus._topics.parse_subscription`).
     """
 
-    __slots__ = ("_cache", "_cache_size", "_count", "_exact", "_root", "_wildcards")
+    __slots__ = ("_cache", "_cache_size", "_count", "_exact", "_root", "_wildcards", "cached")
 
     def __init__(self, cache_size: int = 8192) -> None:
         self._exact: dict[str, dict[T, None]] = {}
         self._root = _Node(None)
         self._wildcards = 0  # number of (wildcard filter, subscriber) pairs
         self._count = 0
+        # Never rebound (only cleared), so `cached` stays valid for the index's life.
         self._cache: dict[str, tuple[T, ...]] = {}
         self._cache_size = cache_size
+        self.cached = self._cache.get
+        """Probe the match cache: ``cached(topic)`` is the cached result or ``None``."""
 
     def __len__(self) -> int:
         """Number of (filter, subscriber) pairs."""

@@ -83,6 +83,8 @@ class Envelope:
     """Internal per-hop wrapper of a message on its way through one node.
 
     Mutable and never shared across hops: a link or bridge makes a new one.
+    Routers must not keep an envelope after they return (a session reuses one
+    for all its publishes); keep the message instead, or :meth:`copy` it.
     """
 
     __slots__ = ("hop_count", "message", "origin")
@@ -91,6 +93,10 @@ class Envelope:
         self.message = message
         self.origin = origin  # the publishing session, or the link it arrived on
         self.hop_count = hop_count
+
+    def copy(self) -> Envelope:
+        """A new envelope with the same contents."""
+        return Envelope(self.message, self.origin, self.hop_count)
 
     def __repr__(self) -> str:
         return f"Envelope({self.message.topic!r}, origin={self.origin!r}, hops={self.hop_count})"

@@ -67,7 +67,7 @@ class Session:
         self._subscriptions: dict[str, Subscription] = {}
         self._egress = Egress(client_profile.egress_max_messages, client_profile.egress_max_bytes)
         self._time = vpn.node.clock.time
-        self._dispatch = vpn._dispatch
+        self._envelope = Envelope(None, self)  # type: ignore[arg-type]  # reused per publish
         self.published = 0
         self.delivered = 0
         self.denied = 0
@@ -137,7 +137,21 @@ class Session:
             self._time(),
         )
         self.published += 1
-        self._dispatch(Envelope(message, self))
+        # Inlined Vpn.dispatch: this is the per-message path.
+        vpn = self.vpn
+        if vpn._busy:
+            vpn._pending.append(Envelope(message, self))
+            return
+        envelope = self._envelope
+        envelope.message = message
+        vpn._busy = True
+        try:
+            if not vpn._route(envelope):
+                vpn.unmatched += 1
+            if vpn._pending:
+                vpn._drain()
+        finally:
+            vpn._busy = False
 
     def _admit(self, topic: str) -> None:
         """First publish to ``topic``: validate it and check the ACL, then remember it."""

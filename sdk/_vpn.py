@@ -212,23 +212,31 @@ class Vpn:
 
     # --- per message --------------------------------------------------------------
 
-    def _dispatch(self, envelope: Envelope) -> None:
-        """Route one message. Publishes made while routing (from inline handlers) are
-        queued and routed after, so every subscriber sees each publisher's order."""
+    def dispatch(self, envelope: Envelope) -> None:
+        """Route one message through every router of the VPN.
+
+        Publishes made while routing (by inline handlers) are queued and routed
+        afterwards, so every subscriber sees each publisher's messages in order.
+        :meth:`Session.publish` inlines this for speed; keep the two in step.
+        """
         if self._busy:
-            self._pending.append(envelope)
+            self._pending.append(envelope.copy())
             return
         self._busy = True
-        route = self._route
         try:
-            if not route(envelope):
+            if not self._route(envelope):
                 self.unmatched += 1
-            pending = self._pending
-            while pending:
-                if not route(pending.popleft()):
-                    self.unmatched += 1
+            if self._pending:
+                self._drain()
         finally:
             self._busy = False
+
+    def _drain(self) -> None:
+        pending = self._pending
+        route = self._route
+        while pending:
+            if not route(pending.popleft()):
+                self.unmatched += 1
 
     # --- statistics ---------------------------------------------------------------
 
