@@ -17,8 +17,8 @@ class SystemClock(Clock):
     """Real time: :func:`time.monotonic`, :func:`time.time` and :func:`anyio.sleep`."""
 
     # The builtins themselves, so reading the clock on the publish path costs no Python frame.
-    monotonic = staticmethod(time.monotonic)  # type: ignore[assignment]
-    time = staticmethod(time.time)  # type: ignore[assignment]
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
 
     async def sleep_until(self, deadline: float) -> None:
         await anyio.sleep(max(0.0, deadline - time.monotonic()))
