@@ -1,0 +1,40 @@
+"""The ``meshbus`` command, including the README's main demo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from meshbus._cli import main
+
+
+def test_demo_runs_and_shows_each_capability() -> None:
+    # A subprocess, as the README runs it: the demo owns its event loop.
+    result = subprocess.run(
+        [sys.executable, "-m", "meshbus", "demo"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    # wildcards: the lobby temperature matches two filters and arrives once
+    assert out.count("dashboard got building/lobby/temperature") == 1
+    assert "building/roof/humidity" not in out
+    assert "no-local session saw: ['chat/room1']" in out
+    assert "slow got tick 2 discard_indication=True" in out
+    assert "discarded: 2" in out
+    assert "refused: connect denied for user 'viewer': wrong password" in out
+    assert "denied: subscribe to 'private/>'" in out
+    assert "worker got: jobs/42" in out
+    assert "NodeStatistics(" in out
+
+
+def test_plugins_lists_the_builtin_direct_plugin(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins"]) == 0
+    assert "meshbus.plugins.direct" in capsys.readouterr().out
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["frobnicate"])
+    assert exc.value.code == 2
