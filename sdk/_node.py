@@ -18,7 +18,7 @@ from ._stats import NodeStatistics
 from ._topics import TopicLimits
 from ._vpn import Vpn
 from .abc import Clock
-from .errors import ConfigurationError, StateError
+from .errors import AuthenticationError, ConfigurationError, StateError
 
 __all__ = ["DEFAULT_PLUGINS", "Node"]
 
@@ -64,11 +64,13 @@ class Node:
         self.topic_limits = topic_limits if topic_limits is not None else TopicLimits()
         self.stash = Stash()
         self.plugins = PluginManager()
+        blocked = frozenset(block)
         compose(
             self.plugins,
-            DEFAULT_PLUGINS if plugins is None else plugins,
+            # Blocking a default plugin means "not this one", not "refuse to start".
+            [p for p in DEFAULT_PLUGINS if p not in blocked] if plugins is None else plugins,
             autoload=autoload,
-            blocked=block,
+            blocked=blocked,
         )
         self._vpns: dict[str, Vpn] = {}
         self._task_group: TaskGroup | None = None
@@ -133,10 +135,13 @@ class Node:
         :param on_message: a function called with each message, inline with the
             publish, or an ``async`` function awaited by one task per session;
             ``None`` buffers messages for :meth:`Session.receive`.
-        :raises AuthenticationError: the login was refused.
+        :raises AuthenticationError: the login was refused (also: no VPN of that name).
         :raises StateError: the node is not running, or the client name is in use.
         """
-        return self.vpn(vpn).open_session(
+        target = self._vpns.get(vpn)
+        if target is None:
+            raise AuthenticationError(username, f"no Message VPN named {vpn!r}")
+        return target.open_session(
             username=username,
             password=password,
             client_name=client_name,
@@ -166,16 +171,21 @@ class Node:
         await stack.__aenter__()
         try:
             tg = await stack.enter_async_context(anyio.create_task_group())
+            # Lifespans start their tasks with node.task_group: it must exist before them.
+            self._task_group = tg
             lifespans = AsyncExitStack()
             await stack.enter_async_context(lifespans)
             for cm in self.plugins.lifespans(self):
                 await lifespans.enter_async_context(cm)
-        except BaseException as exc:
-            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+        except BaseException:
+            # Unwind without the error: the task group would wrap it in an ExceptionGroup.
+            if self._task_group is not None:
+                self._task_group.cancel_scope.cancel()
+                self._task_group = None
+            await stack.aclose()
             raise
         self._stack = stack
         self._lifespans = lifespans
-        self._task_group = tg
         return self
 
     async def __aexit__(
@@ -189,16 +199,20 @@ class Node:
         try:
             for vpn in list(self._vpns.values()):
                 vpn._close_all()
+                # As the hookspec promises: plugins drop per-VPN state when the node stops.
+                self.plugins.vpn_removed(vpn)
             # Plugins clean up while their tasks still run, then the tasks are cancelled.
             await self._lifespans.aclose()
             self.task_group.cancel_scope.cancel()
         finally:
             self._task_group = None
             try:
-                suppress = await self._stack.__aexit__(exc_type, exc, tb)
+                # Not the body's exception: the task group would wrap it in an ExceptionGroup.
+                # It propagates as is; a failed plugin task still raises from here.
+                await self._stack.aclose()
             finally:
                 self.plugins.unconfigure(self)
-        return suppress
+        return None
 
     # --- statistics ---------------------------------------------------------------
 

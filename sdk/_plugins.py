@@ -39,7 +39,7 @@ def available_plugins() -> dict[str, importlib.metadata.EntryPoint]:
 
 
 class PluginManager:
-    """Typed facade over :class:`pluggy.PluginManager` for the ``meshbus`` hooks."""
+    """Typed facade over ``pluggy.PluginManager`` for the ``meshbus`` hooks."""
 
     def __init__(self) -> None:
         self._pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
@@ -55,9 +55,19 @@ class PluginManager:
             raise PluginError(f"plugin {self._describe(plugin)} is registered twice", plugin)
         if name is not None and self._pm.has_plugin(name):
             raise PluginError(f"a plugin named {name!r} is already registered", plugin)
+        # Catch hooks with a typo or from another version at once, not when they fail to
+        # fire. Checked before registering: pluggy adds a caller to ``pm.hook`` for every
+        # hookimpl it registers, so afterwards a misspelt hook looks like a known one.
+        unknown = self._unknown_hooks(plugin)
+        if unknown:
+            raise PluginError(
+                f"plugin {self._describe(plugin)} implements unknown hooks: {', '.join(unknown)}",
+                plugin,
+            )
         try:
             registered = self._pm.register(plugin, name)
         except pluggy.PluginValidationError as exc:
+            self._discard(plugin)
             raise PluginError(
                 f"plugin {self._describe(plugin)} is invalid: {exc}", plugin
             ) from None
@@ -65,18 +75,6 @@ class PluginManager:
             raise PluginError(f"plugin {self._describe(plugin)} rejected: {exc}", plugin) from None
         if registered is None:  # blocked
             raise PluginError(f"plugin {name or self._describe(plugin)!r} is blocked", plugin)
-        # Catch hooks with a typo or from another version at once, not when they fail to fire.
-        unknown = [
-            attr
-            for attr in dir(plugin)
-            if attr.startswith("meshbus_") and not hasattr(self._pm.hook, attr)
-        ]
-        if unknown:
-            self._pm.unregister(plugin)
-            raise PluginError(
-                f"plugin {self._describe(plugin)} implements unknown hooks: {', '.join(unknown)}",
-                plugin,
-            )
         return registered
 
     def load(self, name: str) -> str:
@@ -113,18 +111,40 @@ class PluginManager:
 
     def names(self) -> list[str]:
         """Names of the registered plugins, in registration order."""
-        return [name for name, _ in self._pm.list_name_plugin()]
+        # pluggy records a blocked name as ``name -> None``: it was not registered.
+        return [name for name, plugin in self._pm.list_name_plugin() if plugin is not None]
 
     def get(self, name: str) -> object | None:
         """The plugin object registered as ``name``."""
         return self._pm.get_plugin(name)
 
     def check_pending(self) -> None:
-        """Raise :class:`PluginError` if a plugin implements a hook nobody specified."""
+        """Raise :class:`~meshbus.errors.PluginError` if a hook nobody specified is implemented."""
         try:
             self._pm.check_pending()
         except pluggy.PluginValidationError as exc:
             raise PluginError(str(exc), getattr(exc, "plugin", None)) from None
+
+    def _unknown_hooks(self, plugin: object) -> list[str]:
+        """Attributes named like a hook that match no hookspec (``optionalhook`` impls aside)."""
+        unknown = []
+        for attr in dir(plugin):
+            if not attr.startswith("meshbus_"):
+                continue
+            opts = self._pm.parse_hookimpl_opts(plugin, attr)
+            if opts is not None and opts.get("optionalhook"):
+                continue
+            hook_name = (opts.get("specname") if opts is not None else None) or attr
+            caller: pluggy.HookCaller | None = getattr(self._pm.hook, hook_name, None)
+            if caller is None or not caller.has_spec():
+                unknown.append(attr)
+        return unknown
+
+    def _discard(self, plugin: object) -> None:
+        # pluggy < 1.7 registers hookimpls one by one and leaves a plugin half registered
+        # when a later one fails validation; a refused plugin must change nothing.
+        if self._pm.is_registered(plugin):
+            self._pm.unregister(plugin)
 
     @staticmethod
     def _describe(plugin: object) -> str:

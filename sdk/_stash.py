@@ -24,9 +24,11 @@ class Stash:
         self._data: dict[StashKey[Any], object] = {}
 
     def __setitem__(self, key: StashKey[T], value: T) -> None:
+        """Store ``value`` under ``key``, replacing any previous value."""
         self._data[key] = value
 
     def __getitem__(self, key: StashKey[T]) -> T:
+        """The value stored under ``key``; raise :class:`KeyError` if there is none."""
         return cast(T, self._data[key])
 
     def get(self, key: StashKey[T], default: T) -> T:
@@ -38,10 +40,13 @@ class Stash:
         return cast(T, self._data.setdefault(key, default))
 
     def __delitem__(self, key: StashKey[T]) -> None:
+        """Remove the value stored under ``key``; raise :class:`KeyError` if there is none."""
         del self._data[key]
 
     def __contains__(self, key: object) -> bool:
+        """Whether a value is stored under ``key``."""
         return key in self._data
 
     def __len__(self) -> int:
+        """How many keys have a value."""
         return len(self._data)

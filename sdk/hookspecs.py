@@ -5,7 +5,7 @@ subscriptions). Nothing here runs per message: a plugin that takes part in
 message delivery contributes plain callables through :func:`meshbus_vpn_pipeline`
 and the core calls those directly.
 
-Implement a hook with :data:`meshbus.hookimpl`::
+Implement a hook with :data:`~meshbus.hookspecs.hookimpl`::
 
     from meshbus import hookimpl
 
@@ -13,7 +13,7 @@ Implement a hook with :data:`meshbus.hookimpl`::
     def meshbus_session_opened(session):
         print("hello", session.client_name)
 
-Only :mod:`meshbus._plugins` calls these hooks, through one typed method each.
+Only the plugin manager (``meshbus._plugins``) calls these hooks, through one typed method each.
 """
 
 from __future__ import annotations
@@ -34,7 +34,13 @@ if TYPE_CHECKING:
 __all__ = ["hookimpl", "hookspec"]
 
 hookspec = pluggy.HookspecMarker("meshbus")
+"""Marks the hook specifications below; plugins never need it."""
+
 hookimpl = pluggy.HookimplMarker("meshbus")
+"""Marks a plugin function or method as the implementation of the hook it is named after.
+
+Takes pluggy's options, e.g. ``@hookimpl(tryfirst=True)``.
+"""
 
 
 # -------------------------------------------------------------------------------------
@@ -44,12 +50,19 @@ hookimpl = pluggy.HookimplMarker("meshbus")
 
 @hookspec
 def meshbus_configure(node: Node) -> None:
-    """Called once when the node starts, after every plugin is registered.
+    """Called once when the node is created, after every plugin is registered.
 
-    Validate settings here and raise :class:`meshbus.ConfigurationError` to
-    refuse to start.
+    This runs in the :class:`meshbus.Node` constructor, before the ``default``
+    VPN is created and before the node starts. Validate settings here and raise
+    :class:`~meshbus.errors.ConfigurationError` to refuse to create the node.
 
-    :param node: the node being started.
+    Like every hook, implementations run in pluggy's order: the plugin
+    registered last is called first, unless ``tryfirst``/``trylast`` say
+    otherwise. Do not rely on another plugin being configured already; work
+    that depends on other plugins belongs in :func:`meshbus_lifespan`, which
+    is entered in registration order.
+
+    :param node: the node being created.
     """
 
 
@@ -69,6 +82,9 @@ def meshbus_lifespan(node: Node) -> AbstractAsyncContextManager[None] | None:
 @hookspec
 def meshbus_unconfigure(node: Node) -> None:
     """Called once after the node stopped and every lifespan has exited.
+
+    A node that was created but never started is not unconfigured. As for
+    :func:`meshbus_configure`, the plugin registered last is called first.
 
     :param node: the node that stopped.
     """
@@ -97,6 +113,11 @@ def meshbus_vpn_pipeline(vpn: Vpn, pipeline: Pipeline) -> None:
     compiles what is added into a tuple of plain callables and calls them for
     every published message; no hook runs per message.
 
+    Routers run in the order they were added, and pluggy calls the plugin
+    registered last first, so its routers run first; use
+    ``@hookimpl(tryfirst=True)`` or ``trylast=True`` when the position matters.
+    ``vpn.routers`` lists the result.
+
     :param vpn: the VPN being wired.
     :param pipeline: the collector; call ``pipeline.add_router(name, fn)``.
     """
@@ -120,7 +141,7 @@ def meshbus_authenticate(vpn: Vpn, username: str, password: str | None) -> Clien
     """Authenticate a client logging in to ``vpn``; the first non-``None`` result wins.
 
     Return the :class:`meshbus.ClientUsername` to log in as, or raise
-    :class:`meshbus.AuthenticationError` to refuse. Return ``None`` to leave the
+    :class:`~meshbus.errors.AuthenticationError` to refuse. Return ``None`` to leave the
     decision to later plugins and finally to the VPN's own authentication
     (``none`` or ``basic`` against its configured users).
 
@@ -158,7 +179,7 @@ def meshbus_subscribe(session: Session, subscription: Subscription) -> bool | No
     The core has already validated the syntax and checked the ACL. A plugin
     that handles this kind of subscription (plain, shared, ...) adds it to its
     own index and returns ``True``; others return ``None``. When no plugin
-    claims it the core raises :class:`meshbus.ConfigurationError` naming the
+    claims it the core raises :class:`~meshbus.errors.ConfigurationError` naming the
     missing plugin.
 
     :param session: the session that will receive matching messages.

@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_DIRS = {"sdk": "meshbus", "plugins": "meshbus/plugins",
-               "transports": "meshbus/transports", "contrib": "meshbus/contrib"}
+SOURCE_DIRS = {
+    "sdk": "meshbus",
+    "plugins": "meshbus/plugins",
+    "transports": "meshbus/transports",
+    "contrib": "meshbus/contrib",
+}
 
 
 def expected_modules() -> set[str]:
@@ -59,7 +63,10 @@ def test_wheel_installs_into_fresh_venv_and_imports_every_module(tmp_path: Path)
     # Run outside the checkout so the source tree cannot shadow the installed package.
     subprocess.run([python, "-c", script], check=True, cwd=tmp_path)
     out = subprocess.run(
-        [env_dir / "bin" / "meshbus", "plugins"], check=True, capture_output=True, text=True,
+        [env_dir / "bin" / "meshbus", "plugins"],
+        check=True,
+        capture_output=True,
+        text=True,
         cwd=tmp_path,
     ).stdout
     assert "direct" in out and "meshbus.plugins.direct" in out

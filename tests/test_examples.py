@@ -1,0 +1,113 @@
+"""Every script in examples/ runs to completion and prints what it claims to show.
+
+The scripts are found by listing the directory, so a new example is run even
+before it gets an entry in EXPECTED (it then only has to exit 0 and print).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshbus import Node
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+# Lines each example must print (in this order, other lines may come between).
+EXPECTED: dict[str, list[str]] = {
+    "quickstart.py": [
+        "callback   <- alarms/fire/floor2: test",
+        "dashboard  <- building/lobby/temperature: 21.5",
+        "dashboard  <- building/roof/temperature: 14.0",
+        "dashboard  <- building/lobby/door/state: open",
+        "published=5 delivered=4 unmatched=1",
+    ],
+    "custom_plugin.py": [
+        "routers of VPN 'default': ('audit', 'direct')",
+        "audit: shop logged in to default as default",
+        "warehouse received ['orders/0', 'orders/1', 'orders/2']",
+        "audited so far: 4 messages on 4 topics",
+        "audit: shop left after publishing 4 and receiving 0 messages",
+        "audit: traffic in VPN 'default'",
+        "audit:   metrics/cpu                1 msgs     3 B",
+        "audit:   orders/2                   1 msgs    11 B",
+    ],
+    "sync_app.py": [
+        "worker got jobs/resize: photo.jpg",
+        "client handled results/resize on the node's thread: True",
+        "worker: no more jobs (timed out)",
+        "worker statistics: published=1",
+    ],
+    "acl_users.py": [
+        "visitor logged in with the profiles of user 'default'",
+        "refused: connect denied for user 'ops': wrong password",
+        "denied: publish to 'sensors/probe-8/temperature' denied for user 'probe-7'",
+        "denied: subscribe to '>' denied for user 'ops'",
+        "denied: subscribe to 'audit/logins' denied for user 'ops'",
+        "denied: subscribe to '*/probe-7/temperature' denied for user 'wall'",
+        "ops received sensors/probe-7/temperature = 21.7",
+        "wall received sensors/probe-7/temperature = 21.7",
+        "denied operations in tenant-a: 4",
+    ],
+}
+
+SCRIPTS = sorted(path.name for path in EXAMPLES.glob("*.py"))
+
+
+def test_every_expected_example_exists() -> None:
+    assert set(EXPECTED) <= set(SCRIPTS), "EXPECTED names an example that is gone"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_example_runs(name: str, tmp_path: Path) -> None:
+    # From an unrelated directory, so no example depends on the working directory.
+    result = subprocess.run(
+        [sys.executable, "-W", "error", str(EXAMPLES / name)],  # as strict as the tests
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
+    assert result.stderr == "", f"{name} wrote to stderr:\n{result.stderr}"
+    lines = result.stdout.splitlines()
+    assert lines, f"{name} printed nothing: an example says what it shows"
+    position = 0
+    for expected in EXPECTED.get(name, []):
+        try:
+            position = lines.index(expected, position) + 1
+        except ValueError:
+            pytest.fail(
+                f"{name} did not print {expected!r} (in order); it printed:\n{result.stdout}"
+            )
+
+
+def _load_example(name: str) -> Any:
+    """Import an example as a module (it runs nothing: each has a main guard)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_audit_plugin_counts_every_publish() -> None:
+    # The test the plugin tutorial shows (docs/how-to/write-a-plugin.rst includes it).
+    example = _load_example("custom_plugin")
+    lines: list[str] = []
+    async with Node(plugins=["direct", example.AuditPlugin(log=lines.append)]) as node:
+        async with node.connect(client_name="probe") as probe:
+            probe.publish("a/b", b"123")
+            probe.publish("a/b", b"45")
+        audit = example.audit_of(node.vpn())
+        assert audit.messages == {"a/b": 2}
+        assert audit.bytes == {"a/b": 5}
+    assert lines[0] == "audit: probe logged in to default as default"
+    assert "audit:   a/b                        2 msgs     5 B" in lines
