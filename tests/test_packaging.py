@@ -69,4 +69,4 @@ def test_wheel_installs_into_fresh_venv_and_imports_every_module(tmp_path: Path)
         text=True,
         cwd=tmp_path,
     ).stdout
-    assert "direct" in out and "meshbus.plugins.direct" in out
+    assert "meshbus.plugins.direct" in out
