@@ -5,7 +5,8 @@ runs a regex:
 
 * ``exact``: filters without wildcards, in a dict keyed by the filter itself;
 * a trie over levels for wildcard filters, with one branch per literal level,
-  one for ``*``, one per ``ab*`` prefix and a bucket for a trailing ``>``;
+  one for ``*``, one per ``ab*`` prefix (looked up once per distinct prefix
+  length, not tried one by one) and a bucket for a trailing ``>``;
 * a bounded cache from topic to the tuple of matching subscribers.
 
 A change to an exact filter evicts only that topic from the cache; a change to
@@ -30,16 +31,49 @@ T = TypeVar("T")
 _Bucket = dict  # subscriber -> None: an insertion-ordered set
 
 
+class _Prefixes(dict[str, "_Node"]):
+    """The ``ab*`` children of one node: ``'ab'`` -> child, plus the prefix lengths present.
+
+    A match tries ``level[:k]`` for each length ``k`` in ``lengths`` (ascending), so the
+    cost per level is the number of distinct lengths, not of prefixes. ``counts`` keeps
+    adding and removing a prefix O(1) even with many prefixes under one node.
+    """
+
+    __slots__ = ("counts", "lengths")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[int, int] = {}
+        self.lengths: tuple[int, ...] = ()
+
+    def add(self, key: str, child: _Node) -> None:
+        self[key] = child
+        k = len(key)
+        n = self.counts.get(k, 0)
+        self.counts[k] = n + 1
+        if not n:
+            self.lengths = tuple(sorted(self.counts))
+
+    def discard(self, key: str) -> None:
+        del self[key]
+        k = len(key)
+        n = self.counts[k] - 1
+        if n:
+            self.counts[k] = n
+        else:
+            del self.counts[k]
+            self.lengths = tuple(sorted(self.counts))
+
+
 class _Node:
     """One trie level. Children dicts are created on demand to keep memory low."""
 
-    __slots__ = ("here", "literal", "parent", "prefix", "prefix_lengths", "rest", "star")
+    __slots__ = ("here", "literal", "parent", "prefix", "rest", "star")
 
     def __init__(self, parent: _Node | None) -> None:
         self.parent = parent
         self.literal: dict[str, _Node] | None = None  # 'abc' -> child
-        self.prefix: dict[str, _Node] | None = None  # 'ab' of 'ab*' -> child
-        self.prefix_lengths: tuple[int, ...] = ()
+        self.prefix: _Prefixes | None = None  # 'ab' of 'ab*' -> child
         self.star: _Node | None = None  # '*'
         self.here: dict[object, None] | None = None  # filters ending at this level
         self.rest: dict[object, None] | None = None  # '>' after this level
@@ -76,6 +110,7 @@ class SubscriptionIndex(Generic[T]):
     def add(self, filter: str, subscriber: T) -> bool:
         """Add ``subscriber`` under ``filter``; return ``False`` if it was already there."""
         if is_wildcard_filter(filter):
+            hash(subscriber)  # an unhashable subscriber fails here, before any node is made
             bucket = self._wildcard_bucket(filter, create=True)
             assert bucket is not None
             if subscriber in bucket:
@@ -182,9 +217,9 @@ class SubscriptionIndex(Generic[T]):
                 return
             level = levels[i]
             i += 1
-            if node.prefix is not None:
-                prefix = node.prefix
-                for k in node.prefix_lengths:
+            prefix = node.prefix
+            if prefix is not None:
+                for k in prefix.lengths:
                     if k > len(level):
                         break
                     child = prefix.get(level[:k])
@@ -230,11 +265,11 @@ class SubscriptionIndex(Generic[T]):
         if level.endswith("*"):
             key = level[:-1]
             if node.prefix is None:
-                node.prefix = {}
+                node.prefix = _Prefixes()
             child = node.prefix.get(key)
             if child is None:
-                child = node.prefix[key] = _Node(node)
-                node.prefix_lengths = tuple(sorted({len(p) for p in node.prefix}))
+                child = _Node(node)
+                node.prefix.add(key, child)
             return child
         if node.literal is None:
             node.literal = {}
@@ -276,12 +311,9 @@ class SubscriptionIndex(Generic[T]):
                 parent.star = None
             elif level.endswith("*"):
                 assert parent.prefix is not None
-                del parent.prefix[level[:-1]]
+                parent.prefix.discard(level[:-1])
                 if not parent.prefix:
                     parent.prefix = None
-                    parent.prefix_lengths = ()
-                else:
-                    parent.prefix_lengths = tuple(sorted({len(p) for p in parent.prefix}))
             else:
                 assert parent.literal is not None
                 del parent.literal[level]

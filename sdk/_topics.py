@@ -148,35 +148,61 @@ def from_mqtt_filter(mqtt_filter: str) -> tuple[str, ...]:
     """Translate an MQTT topic filter into the equivalent meshbus filters.
 
     ``+`` becomes ``*``; ``a/#`` becomes ``("a", "a/>")`` because MQTT's ``#``
-    also matches the parent level; ``#`` alone becomes ``(">",)``; an MQTT
-    shared subscription ``$share/g/f`` becomes ``#share/g/<f translated>``.
-    This is the only place the two syntaxes meet.
+    also matches the parent level (``/#`` becomes just ``("/>",)``: its parent
+    would be the empty topic); ``#`` alone becomes ``(">",)``; an MQTT shared
+    subscription ``$share/g/f`` becomes ``#share/g/<f translated>``. MQTT
+    levels that would turn into meshbus wildcards (``*``, ``ab*``, a trailing
+    ``>``) have no equivalent and are rejected, as are ShareNames holding
+    ``+``, ``#``, ``*`` or ``>``. Error levels count from the start of
+    ``mqtt_filter``. This is the only place the two syntaxes meet.
     """
-    if mqtt_filter.startswith("$share/"):
-        _, group, rest = mqtt_filter.split("/", 2) if mqtt_filter.count("/") >= 2 else ("", "", "")
-        if not group or not rest:
-            raise InvalidTopicError(
-                mqtt_filter, "MQTT shared subscription needs a group and a filter"
-            )
-        return tuple(f"#share/{group}/{f}" for f in from_mqtt_filter(rest))
+    if not isinstance(mqtt_filter, str):
+        raise InvalidTopicError(
+            repr(mqtt_filter), f"MQTT topic filter must be a str, not {type(mqtt_filter).__name__}"
+        )
+    if not mqtt_filter.startswith("$share/"):
+        return _from_mqtt_levels(mqtt_filter)
+    _, group, *tail = mqtt_filter.split("/", 2)
+    rest = tail[0] if tail else ""
+    if not group or not rest:
+        raise InvalidTopicError(mqtt_filter, "MQTT shared subscription needs a group and a filter")
+    if any(c in group for c in "+#*>"):
+        raise InvalidTopicError(
+            mqtt_filter, "ShareName may not contain '+', '#' or meshbus wildcards", 2
+        )
+    try:
+        filters = _from_mqtt_levels(rest)
+    except InvalidTopicError as exc:
+        # Re-raise against the whole filter so `level` names a level the caller gave.
+        level = None if exc.level is None else exc.level + 2
+        raise InvalidTopicError(mqtt_filter, exc.reason, level) from None
+    return tuple(f"#share/{group}/{f}" for f in filters)
+
+
+def _from_mqtt_levels(mqtt_filter: str) -> tuple[str, ...]:
     if not mqtt_filter:
         raise InvalidTopicError(mqtt_filter, "topic filter is empty")
     levels = mqtt_filter.split("/")
+    last = len(levels)
+    # The level that ends the translated filter: the one before a final '#' ends the parent.
+    final = last - 1 if levels[-1] == "#" else last
     out: list[str] = []
     for i, level in enumerate(levels, start=1):
         if level == "+":
             out.append("*")
         elif level == "#":
-            if i != len(levels):
+            if i != last:
                 raise InvalidTopicError(mqtt_filter, "'#' must be the last level", i)
             if not out:
                 return (">",)
             parent = "/".join(out)
+            if not parent:  # '/#': the parent level would be the empty topic, not a topic
+                return ("/>",)
             return (parent, parent + "/>")
         elif "+" in level or "#" in level:
             raise InvalidTopicError(mqtt_filter, "'+' and '#' must stand alone in a level", i)
-        elif level == "*" or level.endswith("*") or (level == ">" and i == len(levels)):
-            # A literal '*' or trailing '>' in MQTT would become a wildcard here.
+        elif level.endswith("*") or (level == ">" and i == final):
+            # A literal '*' or a '>' ending the filter in MQTT would become a wildcard here.
             raise InvalidTopicError(
                 mqtt_filter, f"level {level!r} has no MQTT equivalent (would become a wildcard)", i
             )
