@@ -6,6 +6,7 @@ The public API is what ``__all__`` lists; modules starting with ``_`` are privat
 from __future__ import annotations
 
 from ._clock import ManualClock, SystemClock
+from ._egress import Egress
 from ._index import SubscriptionIndex
 from ._messages import DeliveryMode, Envelope, Message
 from ._node import DEFAULT_PLUGINS, Node
@@ -29,6 +30,7 @@ from ._topics import (
     filter_matches,
     filters_overlap,
     from_mqtt_filter,
+    parse_endpoint_subscription,
     parse_subscription,
     validate_topic,
 )
@@ -62,6 +64,7 @@ __all__ = [
     "ClientUsername",
     "ConfigurationError",
     "DeliveryMode",
+    "Egress",
     "Envelope",
     "InvalidTopicError",
     "LimitExceededError",
@@ -99,6 +102,7 @@ __all__ = [
     "hash_password",
     "hookimpl",
     "hookspec",
+    "parse_endpoint_subscription",
     "parse_subscription",
     "validate_topic",
     "verify_password",

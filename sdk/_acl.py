@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ._index import SubscriptionIndex
 from ._profiles import AclAction, AclProfile
 from ._topics import filter_covers, filters_overlap
@@ -9,8 +11,13 @@ from ._topics import filter_covers, filters_overlap
 __all__ = ["AclChecker"]
 
 
+_VARIABLES = re.compile(r"\$client-(?:username|name)")
+
+
 def _substitute(filter: str, username: str, client_name: str) -> str:
-    return filter.replace("$client-username", username).replace("$client-name", client_name)
+    # One pass, so a username containing "$client-name" is not substituted again.
+    values = {"$client-username": username, "$client-name": client_name}
+    return _VARIABLES.sub(lambda m: values[m.group()], filter)
 
 
 class AclChecker:

@@ -9,6 +9,7 @@ when the buffer is empty, and then drains without further checkpoints.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import anyio
 
@@ -30,6 +31,7 @@ class Egress:
         "discarded",
         "max_bytes",
         "max_messages",
+        "on_drained",
     )
 
     def __init__(self, max_messages: int, max_bytes: int) -> None:
@@ -41,6 +43,9 @@ class Egress:
         self._discard_pending = False
         self._waiter: anyio.Event | None = None
         self._closed = False
+        #: Called (by the consumer's take) when the buffer becomes empty; eliding's
+        #: congestion mode releases what it held back then.
+        self.on_drained: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -63,23 +68,28 @@ class Egress:
             waiter.set()
 
     def _shed(self) -> None:
+        # Never the message just added: a message bigger than ``max_bytes`` waits alone
+        # (so a consumer that keeps up still gets it) and is the next to go.
         queue = self._queue
-        while queue and (len(queue) > self.max_messages or self._bytes > self.max_bytes):
+        while len(queue) > 1 and (len(queue) > self.max_messages or self._bytes > self.max_bytes):
             self._bytes -= len(queue.popleft().payload)
             self.discarded += 1
             self._discard_pending = True
 
     def get_nowait(self) -> Message | None:
         """The next message, or ``None`` when the buffer is empty."""
-        if not self._queue:
-            if self._closed:
-                raise StateError("session is closed")
+        if self._closed:
+            raise StateError("session is closed")
+        queue = self._queue
+        if not queue:
             return None
-        message = self._queue.popleft()
+        message = queue.popleft()
         self._bytes -= len(message.payload)
         if self._discard_pending:
             self._discard_pending = False
             message = message.evolve(discard_indication=True)
+        if not queue and self.on_drained is not None:
+            self.on_drained()
         return message
 
     async def get(self) -> Message:
@@ -94,11 +104,8 @@ class Egress:
             if waiter is None:
                 waiter = self._waiter = anyio.Event()
             await waiter.wait()
-        message = self._queue.popleft()
-        self._bytes -= len(message.payload)
-        if self._discard_pending:
-            self._discard_pending = False
-            message = message.evolve(discard_indication=True)
+        message = self.get_nowait()
+        assert message is not None
         return message
 
     def close(self) -> None:

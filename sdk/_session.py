@@ -74,18 +74,28 @@ class Session:
         self.handler_errors = 0
         self._handler: Callable[[Message], None] | None = None
         self._async_handler: Callable[[Message], Awaitable[None]] | None = None
-        #: The per-message entry point routers call: ``session.deliver(message)``.
-        self.deliver: Callable[[Message], None]
+        #: Where a message for this session ends up: its egress buffer, or its inline
+        #: handler. Routers that must bypass delivery stages (shared subscriptions are
+        #: never elided) call ``session.sink(message)``.
+        self.sink: Callable[[Message], None]
+        self._receivable = False  # messages are taken with receive(), not given to a handler
         if on_message is None:
-            self.deliver = self._egress.push
-        elif inspect.iscoroutinefunction(on_message):
-            self._async_handler = on_message
-            self.deliver = self._egress.push
-        elif callable(on_message):
-            self._handler = on_message  # type: ignore[assignment]
-            self.deliver = self._call_handler
-        else:
+            self.sink = self._egress.push
+            self._receivable = True
+        elif not callable(on_message):
             raise TypeError(f"on_message must be callable, got {on_message!r}")
+        elif inspect.iscoroutinefunction(on_message) or inspect.iscoroutinefunction(
+            type(on_message).__call__  # an object with ``async def __call__``
+        ):
+            self._async_handler = on_message  # type: ignore[assignment]
+            self.sink = self._egress.push
+        else:
+            self._handler = on_message  # type: ignore[assignment]
+            self.sink = self._call_handler
+        #: The entry point of direct deliveries: ``session.deliver(message)``. It is
+        #: :attr:`sink` unless a plugin put a stage in front (eliding does, when the
+        #: session opens); a stage ends by calling :attr:`sink`.
+        self.deliver: Callable[[Message], None] = self.sink
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -234,12 +244,17 @@ class Session:
 
     # --- receiving ------------------------------------------------------------------
 
+    @property
+    def egress(self) -> Egress:
+        """The bounded buffer of messages waiting for this session's consumer."""
+        return self._egress
+
     async def receive(self) -> Message:
         """Wait for the next message.
 
         :raises StateError: the session is closed, or it delivers to ``on_message``.
         """
-        if self._handler is not None or self._async_handler is not None:
+        if not self._receivable:
             raise StateError("this session delivers to its on_message handler")
         message = await self._egress.get()
         self.delivered += 1
@@ -247,7 +262,7 @@ class Session:
 
     def receive_nowait(self) -> Message | None:
         """The next waiting message, or ``None`` when there is none."""
-        if self._handler is not None or self._async_handler is not None:
+        if not self._receivable:
             raise StateError("this session delivers to its on_message handler")
         message = self._egress.get_nowait()
         if message is not None:
@@ -258,7 +273,14 @@ class Session:
         return self
 
     async def __anext__(self) -> Message:
+        # Fast path: a waiting message is taken without another coroutine layer.
+        # The consumer waits only on an empty buffer (see Egress); then drains freely.
         try:
+            if self._receivable:
+                message = self._egress.get_nowait()
+                if message is not None:
+                    self.delivered += 1
+                    return message
             return await self.receive()
         except StateError:
             if self.closed:
@@ -307,6 +329,9 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        # A router may still hold this session in a match taken before the close
+        # (an inline handler closed it mid-route): such deliveries go nowhere.
+        self.deliver = self.sink = _drop
         plugins = self.vpn.node.plugins
         for sub in reversed(tuple(self._subscriptions.values())):
             plugins.unsubscribe(self, sub)
@@ -338,6 +363,10 @@ class Session:
             egress_bytes=self._egress.bytes,
             subscriptions=len(self._subscriptions),
         )
+
+
+def _drop(message: Message) -> None:
+    """``deliver`` of a closed session."""
 
 
 def _as_bytes(payload: object) -> bytes:

@@ -25,6 +25,7 @@ __all__ = [
     "filters_overlap",
     "from_mqtt_filter",
     "is_wildcard_filter",
+    "parse_endpoint_subscription",
     "parse_subscription",
     "validate_topic",
 ]
@@ -133,6 +134,20 @@ def parse_subscription(text: str, limits: TopicLimits = DEFAULT_LIMITS) -> Subsc
     if not rest:
         raise InvalidTopicError(text, "the topic filter is empty")
     return Subscription(text=text, filter=rest, share_name=share_name, no_export=no_export)
+
+
+def parse_endpoint_subscription(text: str, limits: TopicLimits = DEFAULT_LIMITS) -> Subscription:
+    """Parse a subscription for a queue or topic endpoint (SPEC 3, 4).
+
+    As :func:`parse_subscription`, but shared subscriptions are refused: an
+    endpoint is already a point of load sharing, so ``#share/`` means nothing there.
+    """
+    sub = parse_subscription(text, limits)
+    if sub.is_shared:
+        raise InvalidTopicError(
+            text, "shared subscriptions are not allowed on queues or topic endpoints"
+        )
+    return sub
 
 
 def is_wildcard_filter(filter: str) -> bool:

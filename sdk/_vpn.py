@@ -63,7 +63,7 @@ class Vpn:
         self._pending: deque[Envelope] = deque()
         self._busy = False
         self.removed = False
-        pipeline = Pipeline()
+        self._pipeline = pipeline = Pipeline()
         node.plugins.vpn_created(self, pipeline)
         self.routers = pipeline.names
         self._route = pipeline.compile()
@@ -209,6 +209,19 @@ class Vpn:
         totals[2] += session._egress.discarded
         totals[3] += session.denied
         self.node.plugins.session_closed(session)
+
+    def enable_router(self, name: str, enabled: bool = True) -> None:
+        """Switch a plugin's router on or off for this VPN (control plane only).
+
+        A plugin turns its router off while it has nothing to route (no shared
+        subscription, no endpoint, no link) so that publishes skip it entirely.
+        """
+        if self._pipeline.enable(name, enabled):
+            self._route = self._pipeline.compile()
+
+    def router_enabled(self, name: str) -> bool:
+        """Whether the router called ``name`` runs for each message."""
+        return self._pipeline.is_enabled(name)
 
     # --- per message --------------------------------------------------------------
 

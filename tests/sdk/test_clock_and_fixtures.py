@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from meshbus import ManualClock, Node, Session, SystemClock
+from meshbus import DEFAULT_PLUGINS, ManualClock, Node, Session, SystemClock
 
 
 async def test_manual_clock_wakes_sleepers_only_when_advanced_past_their_deadline() -> None:
@@ -60,4 +60,4 @@ async def test_message_timestamps_come_from_the_node_clock(
     assert msg.timestamp == meshbus_clock.time() == 1_700_000_042.0
     assert msg.sender == "test-session"
     assert meshbus_node.running
-    assert meshbus_node.plugins.names() == ["direct"]
+    assert meshbus_node.plugins.names() == list(DEFAULT_PLUGINS)

@@ -1,0 +1,195 @@
+"""The ``direct`` plugin: its router, refcounted filters and composition (SPEC 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshbus import (
+    ConfigurationError,
+    Envelope,
+    Message,
+    Node,
+    Session,
+)
+from meshbus.plugins import direct
+from meshbus.plugins.direct import ROUTER, DirectRouter
+
+
+def drain(session: Session) -> list[Message]:
+    out = []
+    while (message := session.receive_nowait()) is not None:
+        out.append(message)
+    return out
+
+
+class FakeSession:
+    """Just enough of a session for the router: ``deliver`` and ``no_local``."""
+
+    def __init__(self, no_local: bool = False) -> None:
+        self.no_local = no_local
+        self.got: list[str] = []
+
+    def deliver(self, message: Message) -> None:
+        self.got.append(message.topic)
+
+
+def route(router: DirectRouter, topic: str, origin: object = None) -> int:
+    return router.route(Envelope(Message(topic, b""), origin))
+
+
+# --- the router on its own ----------------------------------------------------------------------
+
+
+def test_router_delivers_once_per_session_and_counts_deliveries() -> None:
+    router = DirectRouter()
+    a, b, c = FakeSession(), FakeSession(), FakeSession()
+    router.add(a, "x/>")  # type: ignore[arg-type]
+    router.add(a, "x/y")  # type: ignore[arg-type]
+    router.add(b, "x/*")  # type: ignore[arg-type]
+    router.add(c, "z")  # type: ignore[arg-type]
+    assert route(router, "x/y") == 2
+    assert route(router, "x/y/z") == 1
+    assert route(router, "nothing") == 0
+    assert a.got == ["x/y", "x/y/z"]
+    assert b.got == ["x/y"]
+    assert c.got == []
+
+
+def test_router_skips_a_no_local_origin_only() -> None:
+    router = DirectRouter()
+    me, other = FakeSession(no_local=True), FakeSession()
+    router.add(me, "t")  # type: ignore[arg-type]
+    router.add(other, "t")  # type: ignore[arg-type]
+    assert route(router, "t", origin=me) == 1
+    assert route(router, "t", origin=other) == 2
+    assert route(router, "t", origin="a link") == 2
+    assert me.got == ["t", "t"]
+    assert other.got == ["t", "t", "t"]  # not no-local: it gets its own message
+
+
+def test_router_refcounts_a_filter_added_twice() -> None:
+    router = DirectRouter()
+    s = FakeSession()
+    router.add(s, "t")  # type: ignore[arg-type]
+    router.add(s, "t")  # type: ignore[arg-type]
+    assert len(router.index) == 1
+    router.remove(s, "t")  # type: ignore[arg-type]
+    assert route(router, "t") == 1
+    router.remove(s, "t")  # type: ignore[arg-type]
+    assert route(router, "t") == 0
+    assert router.refcounts == {}
+    assert len(router.index) == 0
+    router.remove(s, "t")  # type: ignore[arg-type]  # not held: no-op
+    router.remove(FakeSession(), "t")  # type: ignore[arg-type]
+
+
+def test_router_sees_changes_after_a_cached_match() -> None:
+    router = DirectRouter()
+    early, late, wild = FakeSession(), FakeSession(), FakeSession()
+    router.add(early, "a/b")  # type: ignore[arg-type]
+    assert route(router, "a/b") == 1  # now cached
+    router.add(late, "a/b")  # type: ignore[arg-type]
+    assert route(router, "a/b") == 2
+    router.add(wild, "a/*")  # type: ignore[arg-type]
+    assert route(router, "a/b") == 3
+    router.remove(early, "a/b")  # type: ignore[arg-type]
+    router.remove(wild, "a/*")  # type: ignore[arg-type]
+    assert route(router, "a/b") == 1
+    assert (early.got, late.got, wild.got) == (["a/b"] * 3, ["a/b"] * 3, ["a/b"])
+
+
+# --- in a node ----------------------------------------------------------------------------------
+
+
+async def test_the_plugin_is_loaded_by_default_and_routes_each_vpn(meshbus_node: Node) -> None:
+    assert "direct" in meshbus_node.plugins.names()
+    other = meshbus_node.create_vpn("other")
+    assert "direct" in meshbus_node.vpn().routers
+    assert "direct" in other.routers
+    assert other.router_enabled("direct")
+    assert other.stash[ROUTER] is not meshbus_node.vpn().stash[ROUTER]
+
+
+async def test_plain_and_noexport_subscriptions_share_a_filter(meshbus_node: Node) -> None:
+    sub = meshbus_node.connect()
+    sub.subscribe("a")
+    sub.subscribe("#noexport/a")
+    router = meshbus_node.vpn().stash[ROUTER]
+    assert router.refcounts[sub] == {"a": 2}
+    sub.publish("a", b"1")
+    sub.unsubscribe("a")
+    sub.publish("a", b"2")  # still held through '#noexport/a'
+    sub.unsubscribe("#noexport/a")
+    sub.publish("a", b"3")
+    assert [m.payload for m in drain(sub)] == [b"1", b"2"]
+    assert sub not in router.refcounts
+
+
+async def test_closing_a_session_removes_it_from_the_router(meshbus_node: Node) -> None:
+    router = meshbus_node.vpn().stash[ROUTER]
+    sub = meshbus_node.connect()
+    sub.subscribe("a/>")
+    sub.subscribe("b")
+    assert len(router.index) == 2
+    sub.close()
+    assert len(router.index) == 0
+    assert router.refcounts == {}
+
+
+async def test_shared_subscriptions_are_not_handled_by_direct() -> None:
+    async with Node(plugins=["direct"]) as node:
+        sub = node.connect()
+        with pytest.raises(ConfigurationError, match="shared"):
+            sub.subscribe("#share/g/a")
+        assert sub.subscriptions == ()
+        sub.publish("a")
+        assert drain(sub) == []
+
+
+async def test_dispatch_from_a_link_reaches_no_local_sessions(meshbus_node: Node) -> None:
+    vpn = meshbus_node.vpn()
+    sub = meshbus_node.connect(no_local=True)
+    sub.subscribe("t")
+    vpn.dispatch(Envelope(Message("t", b"remote"), origin="link-1"))
+    vpn.dispatch(Envelope(Message("u", b"unmatched"), origin="link-1"))
+    assert [m.payload for m in drain(sub)] == [b"remote"]
+    assert vpn.statistics().unmatched == 1
+
+
+async def test_dispatch_during_routing_is_queued(meshbus_node: Node) -> None:
+    vpn = meshbus_node.vpn()
+    forwarded = False
+
+    def relay(message: Message) -> None:
+        nonlocal forwarded
+        if not forwarded:
+            forwarded = True
+            vpn.dispatch(Envelope(Message("second", b""), origin="link"))
+
+    relay_session = meshbus_node.connect(on_message=relay)
+    relay_session.subscribe("first")
+    watcher = meshbus_node.connect()
+    watcher.subscribe("first")
+    watcher.subscribe("second")
+    vpn.dispatch(Envelope(Message("first", b""), origin="link"))
+    assert [m.topic for m in drain(watcher)] == ["first", "second"]
+
+
+async def test_without_the_plugin_nothing_is_routed() -> None:
+    async with Node(plugins=[]) as node:
+        assert node.vpn().routers == ()
+        session = node.connect()
+        with pytest.raises(ConfigurationError, match="direct"):
+            session.subscribe("t")
+        assert session.subscriptions == ()
+        session.publish("t")
+        stats = node.statistics()
+        assert (stats.published, stats.unmatched, stats.delivered) == (1, 1, 0)
+
+
+async def test_the_plugin_can_be_given_as_a_module() -> None:
+    async with Node(plugins=[direct]) as node:
+        session = node.connect()
+        session.subscribe("t")
+        session.publish("t", b"x")
+        assert [m.payload for m in drain(session)] == [b"x"]
