@@ -22,7 +22,7 @@ from .errors import AuthenticationError, ConfigurationError, StateError
 
 __all__ = ["DEFAULT_PLUGINS", "Node"]
 
-DEFAULT_PLUGINS: tuple[str, ...] = ("direct",)
+DEFAULT_PLUGINS: tuple[str, ...] = ("direct", "shared", "eliding")
 """Entry-point names loaded when ``Node(plugins=None)``."""
 
 
