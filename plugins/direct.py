@@ -8,6 +8,8 @@ once. Nothing here awaits, spawns a task or calls pluggy per message.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from meshbus import (
     Envelope,
     Pipeline,
@@ -25,9 +27,13 @@ __all__ = ["DirectRouter"]
 class DirectRouter:
     """Per-VPN state of the plugin: the index and each session's filter refcounts."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_active: Callable[[bool], None] | None = None) -> None:
+        #: Told ``True`` when the first subscription arrives and ``False`` when the
+        #: last goes, so the VPN can skip this router while it has nothing to do.
+        self.on_active = on_active
         self.index: SubscriptionIndex[Session] = SubscriptionIndex()
-        self._cached = self.index.cached  # the cache probe, bound once for the hot path
+        #: The router: ``route(envelope) -> deliveries``, called for every publish.
+        self.route = self._make_route()
         # Two subscriptions can share a filter ('a' and '#noexport/a'): count them.
         self.refcounts: dict[Session, dict[str, int]] = {}
 
@@ -37,6 +43,8 @@ class DirectRouter:
         counts[filter] = n + 1
         if n == 0:
             self.index.add(filter, session)
+            if len(self.index) == 1 and self.on_active is not None:
+                self.on_active(True)
 
     def remove(self, session: Session, filter: str) -> None:
         counts = self.refcounts.get(session)
@@ -50,19 +58,30 @@ class DirectRouter:
         if not counts:
             del self.refcounts[session]
         self.index.remove(filter, session)
+        if not len(self.index) and self.on_active is not None:
+            self.on_active(False)
 
-    def route(self, envelope: Envelope) -> int:
-        """Deliver to every matching session once; skip the publisher if it is no-local."""
-        message = envelope.message
-        origin = envelope.origin
-        targets = self._cached(message.topic) or self.index.match(message.topic)
-        skipped = 0
-        for session in targets:
-            if session is origin and session.no_local:
-                skipped = 1
-                continue
-            session.deliver(message)
-        return len(targets) - skipped
+    def _make_route(self) -> Callable[[Envelope], int]:
+        # A closure over locals: no attribute lookups on self per message.
+        cached = self.index.cached
+        match = self.index.match
+
+        def route(envelope: Envelope) -> int:
+            """Deliver to every matching session once; skip the publisher if it is no-local."""
+            message = envelope.message
+            origin = envelope.origin
+            targets = cached(message.topic)
+            if targets is None:
+                targets = match(message.topic)
+            skipped = 0
+            for session in targets:
+                if session is origin and session.no_local:
+                    skipped = 1
+                    continue
+                session.deliver(message)
+            return len(targets) - skipped
+
+        return route
 
 
 ROUTER: StashKey[DirectRouter] = StashKey()
@@ -70,12 +89,13 @@ ROUTER: StashKey[DirectRouter] = StashKey()
 
 @hookimpl
 def meshbus_vpn_created(vpn: Vpn) -> None:
-    vpn.stash[ROUTER] = DirectRouter()
+    vpn.stash[ROUTER] = DirectRouter(lambda active: vpn.enable_router("direct", active))
 
 
 @hookimpl
 def meshbus_vpn_pipeline(vpn: Vpn, pipeline: Pipeline) -> None:
-    pipeline.add_router("direct", vpn.stash[ROUTER].route)
+    # Off while the VPN has no subscription: publishes then skip it entirely.
+    pipeline.add_router("direct", vpn.stash[ROUTER].route, enabled=False)
 
 
 @hookimpl

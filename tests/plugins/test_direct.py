@@ -106,6 +106,8 @@ async def test_the_plugin_is_loaded_by_default_and_routes_each_vpn(meshbus_node:
     other = meshbus_node.create_vpn("other")
     assert "direct" in meshbus_node.vpn().routers
     assert "direct" in other.routers
+    assert not other.router_enabled("direct")  # nothing to route yet: skipped
+    meshbus_node.connect("other").subscribe("t")
     assert other.router_enabled("direct")
     assert other.stash[ROUTER] is not meshbus_node.vpn().stash[ROUTER]
 
