@@ -2,11 +2,11 @@
 
 Run from the checkout with the dev virtualenv::
 
-    /tmp/dev/bin/python bench/inproc.py            # full run on asyncio, about a minute
-    /tmp/dev/bin/python bench/inproc.py --quick    # smoke run, a few seconds
-    /tmp/dev/bin/python bench/inproc.py --backend trio
-    /tmp/dev/bin/python bench/inproc.py -v         # also every round's figure (the noise)
-    /tmp/dev/bin/python bench/inproc.py --steps    # instead: ns per step of the meshbus paths
+    .venv/bin/python bench/inproc.py            # full run on asyncio, about a minute
+    .venv/bin/python bench/inproc.py --quick    # smoke run, a few seconds
+    .venv/bin/python bench/inproc.py --backend trio
+    .venv/bin/python bench/inproc.py -v         # also every round's figure (the noise)
+    .venv/bin/python bench/inproc.py --steps    # instead: ns per step of the meshbus paths
 
 One line per figure, each with the ratio to the peer measured in the same run
 and, where the issue sets one, the target and ``OK``/``MISS``. A benchmark,

@@ -2,8 +2,8 @@
 
 Run from the checkout with the dev virtualenv::
 
-    /tmp/dev/bin/python bench/topics.py            # full run, 10k and 100k subscriptions
-    /tmp/dev/bin/python bench/topics.py --quick    # smoke run, 1k and 10k, a few seconds
+    .venv/bin/python bench/topics.py            # full run, 10k and 100k subscriptions
+    .venv/bin/python bench/topics.py --quick    # smoke run, 1k and 10k, a few seconds
 
 One line per figure, each with the ratio to the reference measured in the same run
 and, where the issue sets one, the target and ``OK``/``MISS``. A benchmark, not a

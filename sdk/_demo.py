@@ -5,6 +5,8 @@ It grows with every capability; each section prints what it shows.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import anyio
 
 from ._node import Node
@@ -109,6 +111,34 @@ async def demo() -> None:
             manager.publish("jobs/42", b"do it")
             print(f"  worker subscriptions (added by manager): {worker.subscriptions}")
             print(f"  worker got: {(await worker.receive()).topic}")
+
+        _say("Shared subscriptions: one member of the group per message (SPEC 3)")
+        handled: Counter[str] = Counter()
+        for name in ("worker-a", "worker-b", "worker-c"):
+            node.connect(
+                client_name=name, on_message=lambda m, name=name: handled.update([name])
+            ).subscribe("#share/resizers/images/>")
+        async with node.connect() as uploader:
+            for i in range(600):
+                uploader.publish(f"images/{i}.jpg", b"...")
+        print(f"  600 jobs over 3 workers: {dict(sorted(handled.items()))}")
+
+        _say("Eliding: latest value per topic, at most once per delay (SPEC 5)")
+        node.vpn().add_client_profile(
+            ClientProfile("screen", eliding_enabled=True, eliding_delay_ms=50)
+        )
+        node.vpn().add_user("screen", client_profile="screen")
+        shown: list[str] = []
+        node.connect(
+            username="screen", on_message=lambda m: shown.append(m.payload.decode())
+        ).subscribe("gauges/>")
+        async with node.connect() as gauge:
+            for i in range(1, 121):  # 120 updates, 1 ms apart
+                gauge.publish("gauges/pressure", str(i), eliding_eligible=True)
+                await anyio.sleep(0.001)
+            await anyio.sleep(0.1)  # the last update arrives within one delay
+        print(f"  120 updates in ~120 ms, the screen showed {len(shown)}: {shown}")
+        print(f"  the last update arrived: {shown[-1] == '120'}")
 
         _say("Node statistics")
         print(f"  {node.statistics()}")

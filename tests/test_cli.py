@@ -26,6 +26,8 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "refused: connect denied for user 'viewer': wrong password" in out
     assert "denied: subscribe to 'private/>'" in out
     assert "worker got: jobs/42" in out
+    assert "600 jobs over 3 workers: {'worker-a': 193, 'worker-b': 202, 'worker-c': 205}" in out
+    assert "the last update arrived: True" in out
     assert "NodeStatistics(" in out
 
 

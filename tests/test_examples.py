@@ -43,6 +43,20 @@ EXPECTED: dict[str, list[str]] = {
         "worker: no more jobs (timed out)",
         "worker statistics: published=1",
     ],
+    "shared_workers.py": [
+        "3000 jobs spread over the group: {'worker-a': 1013, 'worker-b': 1013, 'worker-c': 974}",
+        "the auditor group (one member) saw all of them: True",
+        "after worker-a left, 300 jobs went to: {'worker-b': 130, 'worker-c': 170}",
+        "jobs handled in total: 3300",
+    ],
+    "eliding_dashboard.py": [
+        "the recorder got every update: 2000",
+        "the dashboard got 12:",
+        "  t=   0 ms prices/ACME 100.01",
+        "  t= 200 ms prices/ACME 102.00",
+        "  t=1000 ms prices/ACME 110.00",
+        "  t=1000 ms prices/INIT 60.00",
+    ],
     "acl_users.py": [
         "visitor logged in with the profiles of user 'default'",
         "refused: connect denied for user 'ops': wrong password",
