@@ -8,7 +8,7 @@ from __future__ import annotations
 from ._clock import ManualClock, SystemClock
 from ._egress import Egress
 from ._index import SubscriptionIndex
-from ._messages import DeliveryMode, Envelope, Message
+from ._messages import DeliveryMode, Envelope, Message, MessageOptions
 from ._node import DEFAULT_PLUGINS, Node
 from ._pipeline import Pipeline, Router
 from ._plugins import ENTRY_POINT_GROUP, PluginManager, available_plugins
@@ -72,6 +72,7 @@ __all__ = [
     "MeshbusError",
     "Message",
     "MessageHandler",
+    "MessageOptions",
     "Node",
     "NodeStatistics",
     "Pipeline",

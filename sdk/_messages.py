@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-__all__ = ["DeliveryMode", "Envelope", "Message"]
+__all__ = ["DeliveryMode", "Envelope", "Message", "MessageOptions", "make_message"]
 
 
 class DeliveryMode(enum.Enum):
@@ -36,47 +36,175 @@ class DeliveryMode(enum.Enum):
 
 _EMPTY_HEADERS: Mapping[str, Any] = {}
 
+
+@attrs.frozen
+class MessageOptions:
+    """The settings of a message that publishers rarely change, shared between messages.
+
+    They live apart from :class:`Message` so that a plain publish stores five
+    references instead of eleven; read them through the message's properties.
+    """
+
+    delivery_mode: DeliveryMode = DeliveryMode.DIRECT
+    """How the bus treats the message."""
+    headers: Mapping[str, Any] = _EMPTY_HEADERS
+    """Application headers (user properties); treat as read-only."""
+    eliding_eligible: bool = False
+    """The publisher allows the message to be elided (SPEC 5)."""
+    reply_to: str | None = None
+    """Topic a requester waits on for the reply."""
+    correlation_id: str | None = None
+    """Ties a reply to its request."""
+    discard_indication: bool = False
+    """Messages meant for this receiver were discarded just before it."""
+    redelivered: bool = False
+    """This guaranteed message was delivered before and not acknowledged."""
+
+
+DEFAULT_OPTIONS = MessageOptions()
+ELIGIBLE_OPTIONS = MessageOptions(eliding_eligible=True)
+
 if TYPE_CHECKING:
     from attrs import frozen as _value
 else:
-    _value = attrs.define(slots=True, eq=True, weakref_slot=False)
+
+    def _value(**options: Any) -> Any:
+        return attrs.define(slots=True, weakref_slot=False, **options)
 
 
-@_value
+@_value(init=False, repr=False)
 class Message:
-    """One message as subscribers receive it. Immutable by contract (see module docs)."""
+    """One message as subscribers receive it. Immutable by contract (see module docs).
+
+    Construct it with every setting as a keyword (``Message("t", b"x",
+    eliding_eligible=True)``); the rarely changed ones are stored together in
+    :attr:`options` and read through properties of the same names.
+    """
 
     topic: str
     """The concrete topic it was published to."""
     payload: bytes
     """The body, as bytes."""
-    delivery_mode: DeliveryMode = DeliveryMode.DIRECT
-    """How the bus treats it."""
-    headers: Mapping[str, Any] = _EMPTY_HEADERS
-    """Application headers (user properties); treat as read-only."""
-    eliding_eligible: bool = False
-    """The publisher allows this message to be elided (SPEC 5)."""
-    reply_to: str | None = None
-    """Topic a requester waits on for the reply."""
-    correlation_id: str | None = None
-    """Ties a reply to its request."""
-    sender: str | None = None
+    sender: str | None
     """Client name of the publishing session, or ``None`` for system messages."""
-    timestamp: float = 0.0
+    timestamp: float
     """Wall-clock publish time, seconds since the epoch (from the node's clock)."""
-    discard_indication: bool = False
-    """``True`` when messages meant for this receiver were discarded just before it."""
-    redelivered: bool = False
-    """``True`` when this guaranteed message was delivered before and not acknowledged."""
+    options: MessageOptions
+    """The rarely changed settings, shared between messages that have the same."""
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        delivery_mode: DeliveryMode = DeliveryMode.DIRECT,
+        headers: Mapping[str, Any] = _EMPTY_HEADERS,
+        eliding_eligible: bool = False,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+        sender: str | None = None,
+        timestamp: float = 0.0,
+        discard_indication: bool = False,
+        redelivered: bool = False,
+    ) -> None:
+        options = MessageOptions(
+            delivery_mode,
+            headers,
+            eliding_eligible,
+            reply_to,
+            correlation_id,
+            discard_indication,
+            redelivered,
+        )
+        if options == DEFAULT_OPTIONS:  # share the common ones
+            options = DEFAULT_OPTIONS
+        self.topic = topic  # type: ignore[misc]
+        self.payload = payload  # type: ignore[misc]
+        self.sender = sender  # type: ignore[misc]
+        self.timestamp = timestamp  # type: ignore[misc]
+        self.options = options  # type: ignore[misc]
+
+    @property
+    def delivery_mode(self) -> DeliveryMode:
+        """How the bus treats it."""
+        return self.options.delivery_mode
+
+    @property
+    def headers(self) -> Mapping[str, Any]:
+        """Application headers (user properties); treat as read-only."""
+        return self.options.headers
+
+    @property
+    def eliding_eligible(self) -> bool:
+        """The publisher allows this message to be elided (SPEC 5)."""
+        return self.options.eliding_eligible
+
+    @property
+    def reply_to(self) -> str | None:
+        """Topic a requester waits on for the reply."""
+        return self.options.reply_to
+
+    @property
+    def correlation_id(self) -> str | None:
+        """Ties a reply to its request."""
+        return self.options.correlation_id
+
+    @property
+    def discard_indication(self) -> bool:
+        """``True`` when messages meant for this receiver were discarded just before it."""
+        return self.options.discard_indication
+
+    @property
+    def redelivered(self) -> bool:
+        """``True`` when this guaranteed message was delivered before and not acknowledged."""
+        return self.options.redelivered
 
     def evolve(self, **changes: Any) -> Message:
-        """A copy with some fields changed (not for the per-message path)."""
-        return attrs.evolve(self, **changes)
+        """A copy with some settings changed (not for the per-message path)."""
+        current: dict[str, Any] = {
+            "topic": self.topic,
+            "payload": self.payload,
+            "sender": self.sender,
+            "timestamp": self.timestamp,
+            **attrs.asdict(self.options, recurse=False),
+        }
+        unknown = set(changes) - set(current)
+        if unknown:
+            raise TypeError(f"Message has no field(s) {', '.join(sorted(unknown))}")
+        current.update(changes)
+        return Message(**current)
 
     @property
     def size(self) -> int:
         """Bytes counted against egress limits: the payload length."""
         return len(self.payload)
+
+    def __repr__(self) -> str:
+        changed = [
+            f"{name}={value!r}"
+            for name, value in attrs.asdict(self.options, recurse=False).items()
+            if value != getattr(DEFAULT_OPTIONS, name)
+        ]
+        extra = "".join(", " + c for c in changed)
+        return (
+            f"Message(topic={self.topic!r}, payload={self.payload!r}, sender={self.sender!r}, "
+            f"timestamp={self.timestamp!r}{extra})"
+        )
+
+
+_new = object.__new__
+
+
+def make_message(
+    topic: str, payload: bytes, sender: str | None, timestamp: float, options: MessageOptions
+) -> Message:
+    """The publish path's constructor: five slot stores, no argument processing."""
+    message: Message = _new(Message)
+    message.topic = topic  # type: ignore[misc]
+    message.payload = payload  # type: ignore[misc]
+    message.sender = sender  # type: ignore[misc]
+    message.timestamp = timestamp  # type: ignore[misc]
+    message.options = options  # type: ignore[misc]
+    return message
 
 
 class Envelope:
