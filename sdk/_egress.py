@@ -59,13 +59,18 @@ class Egress:
         """Append ``message``, discarding the oldest if over the limits. Never blocks."""
         queue = self._queue
         queue.append(message)
-        self._bytes += len(message.payload)
-        if len(queue) > self.max_messages or self._bytes > self.max_bytes:
+        size = self._bytes + len(message.payload)
+        self._bytes = size
+        if size > self.max_bytes or len(queue) > self.max_messages:
             self._shed()
+        if self._waiter is not None:
+            self._wake()
+
+    def _wake(self) -> None:
         waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            waiter.set()
+        assert waiter is not None
+        self._waiter = None
+        waiter.set()
 
     def _shed(self) -> None:
         # Never the message just added: a message bigger than ``max_bytes`` waits alone

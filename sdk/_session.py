@@ -18,7 +18,6 @@ from ._messages import (
     Envelope,
     Message,
     MessageOptions,
-    make_message,
 )
 from ._stash import Stash
 from ._stats import SessionStatistics
@@ -37,6 +36,7 @@ log = logging.getLogger("meshbus.session")
 MessageHandler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
 
 _DIRECT = DeliveryMode.DIRECT
+_new_message = object.__new__
 _ADMITTED_CACHE = 4096  # topics remembered as valid and allowed, per session
 
 
@@ -74,6 +74,7 @@ class Session:
         self._admitted: dict[str, None] = {}
         self._subscriptions: dict[str, Subscription] = {}
         self._egress = Egress(client_profile.egress_max_messages, client_profile.egress_max_bytes)
+        self._queue = self._egress._queue  # the buffer's deque, for the inlined take in __anext__
         self._time = vpn.node.clock.time
         self._envelope = Envelope(None, self)  # type: ignore[arg-type]  # reused per publish
         self.published = 0
@@ -153,7 +154,13 @@ class Session:
                 reply_to,
                 correlation_id,
             )
-        message = make_message(topic, payload, self.client_name, self._time(), options)
+        # make_message() inlined: five slot stores, no extra frame (keep them in step).
+        message = _new_message(Message)
+        message.topic = topic  # type: ignore[misc]
+        message.payload = payload  # type: ignore[misc]
+        message.sender = self.client_name  # type: ignore[misc]
+        message.timestamp = self._time()  # type: ignore[misc]
+        message.options = options  # type: ignore[misc]
         self.published += 1
         # Inlined Vpn.dispatch: this is the per-message path.
         vpn = self.vpn
@@ -284,8 +291,8 @@ class Session:
         # Fast path, inlined from Egress.get_nowait (keep them in step): a waiting
         # message is taken without another frame or coroutine. The consumer waits
         # only on an empty buffer, then drains without checkpoints (see Egress).
+        queue = self._queue
         egress = self._egress
-        queue = egress._queue
         if queue and self._receivable and not egress._discard_pending:
             message = queue.popleft()
             egress._bytes -= len(message.payload)
