@@ -59,6 +59,10 @@ class MessageOptions:
     """Messages meant for this receiver were discarded just before it."""
     redelivered: bool = False
     """This guaranteed message was delivered before and not acknowledged."""
+    message_id: int | None = None
+    """The spool's id of a guaranteed message received from a queue (what acks name)."""
+    destination: str | None = None
+    """The queue a guaranteed message was received from."""
 
 
 DEFAULT_OPTIONS = MessageOptions()
@@ -105,6 +109,8 @@ class Message:
         timestamp: float = 0.0,
         discard_indication: bool = False,
         redelivered: bool = False,
+        message_id: int | None = None,
+        destination: str | None = None,
     ) -> None:
         options = MessageOptions(
             delivery_mode,
@@ -114,6 +120,8 @@ class Message:
             correlation_id,
             discard_indication,
             redelivered,
+            message_id,
+            destination,
         )
         if options == DEFAULT_OPTIONS:  # share the common ones
             options = DEFAULT_OPTIONS
@@ -157,6 +165,16 @@ class Message:
     def redelivered(self) -> bool:
         """``True`` when this guaranteed message was delivered before and not acknowledged."""
         return self.options.redelivered
+
+    @property
+    def message_id(self) -> int | None:
+        """The spool's id of a guaranteed message received from a queue (what acks name)."""
+        return self.options.message_id
+
+    @property
+    def destination(self) -> str | None:
+        """The queue a guaranteed message was received from."""
+        return self.options.destination
 
     def evolve(self, **changes: Any) -> Message:
         """A copy with some settings changed (not for the per-message path)."""
@@ -215,16 +233,21 @@ class Envelope:
     for all its publishes); keep the message instead, or :meth:`copy` it.
     """
 
-    __slots__ = ("hop_count", "message", "origin")
+    __slots__ = ("hop_count", "message", "origin", "spooled")
 
-    def __init__(self, message: Message, origin: object, hop_count: int = 0) -> None:
+    def __init__(
+        self, message: Message, origin: object, hop_count: int = 0, spooled: bool = False
+    ) -> None:
         self.message = message
         self.origin = origin  # the publishing session, or the link it arrived on
         self.hop_count = hop_count
+        #: Endpoints already hold this message: routers that spool must skip it (the
+        #: direct copy of a guaranteed message travels with this set).
+        self.spooled = spooled
 
     def copy(self) -> Envelope:
         """A new envelope with the same contents."""
-        return Envelope(self.message, self.origin, self.hop_count)
+        return Envelope(self.message, self.origin, self.hop_count, self.spooled)
 
     def __repr__(self) -> str:
         return f"Envelope({self.message.topic!r}, origin={self.origin!r}, hops={self.hop_count})"

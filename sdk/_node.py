@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterable, Mapping
 from contextlib import AsyncExitStack
+from pathlib import Path
 from types import MappingProxyType, TracebackType
 
 import anyio
@@ -17,12 +19,12 @@ from ._stash import Stash
 from ._stats import NodeStatistics
 from ._topics import TopicLimits
 from ._vpn import Vpn
-from .abc import Clock
+from .abc import Clock, GuaranteedMessaging
 from .errors import AuthenticationError, ConfigurationError, StateError
 
 __all__ = ["DEFAULT_PLUGINS", "Node"]
 
-DEFAULT_PLUGINS: tuple[str, ...] = ("direct", "shared", "eliding")
+DEFAULT_PLUGINS: tuple[str, ...] = ("direct", "shared", "eliding", "guaranteed")
 """Entry-point names loaded when ``Node(plugins=None)``."""
 
 
@@ -43,6 +45,8 @@ class Node:
     :param clock: where time comes from (a :class:`meshbus.testing.ManualClock` in tests).
     :param seed: seeds :attr:`random`, which plugins use for random choices.
     :param topic_limits: default limits for the VPNs of this node.
+    :param data_dir: a directory for durable state (the guaranteed-message spool);
+        without one, guaranteed messages are kept in memory only.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class Node:
         clock: Clock | None = None,
         seed: int | None = None,
         topic_limits: TopicLimits | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"node name must be a non-empty str, got {name!r}")
@@ -63,6 +68,9 @@ class Node:
         self.random = random.Random(seed)
         self.topic_limits = topic_limits if topic_limits is not None else TopicLimits()
         self.stash = Stash()
+        #: Where plugins keep durable state (the guaranteed spool); ``None`` keeps it in RAM.
+        self.data_dir: Path | None = Path(data_dir) if data_dir is not None else None
+        self._guaranteed: GuaranteedMessaging | None = None
         self.plugins = PluginManager()
         blocked = frozenset(block)
         compose(
@@ -117,6 +125,24 @@ class Node:
     def vpns(self) -> Mapping[str, Vpn]:
         """VPNs by name (read-only view)."""
         return MappingProxyType(self._vpns)
+
+    # --- services plugins provide ------------------------------------------------
+
+    def provide_guaranteed(self, service: GuaranteedMessaging) -> None:
+        """Register the guaranteed-messaging implementation (done by the plugin)."""
+        if self._guaranteed is not None and self._guaranteed is not service:
+            raise ConfigurationError("two plugins provide guaranteed messaging")
+        self._guaranteed = service
+
+    @property
+    def guaranteed(self) -> GuaranteedMessaging:
+        """The guaranteed-messaging service; :class:`ConfigurationError` without the plugin."""
+        if self._guaranteed is None:
+            raise ConfigurationError(
+                "guaranteed messaging needs the 'guaranteed' plugin: "
+                "Node(plugins=[..., 'guaranteed'])"
+            )
+        return self._guaranteed
 
     # --- sessions -----------------------------------------------------------------
 

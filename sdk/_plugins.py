@@ -162,6 +162,9 @@ class PluginManager:
         results = self._pm.hook.meshbus_lifespan(node=node)
         return [cm for cm in reversed(results) if cm is not None]
 
+    def spool_store(self, node: Node) -> object | None:
+        return self._pm.hook.meshbus_spool_store(node=node)  # type: ignore[no-any-return]
+
     def unconfigure(self, node: Node) -> None:
         self._pm.hook.meshbus_unconfigure(node=node)
 

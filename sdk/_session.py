@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +22,13 @@ from ._messages import (
 from ._stash import Stash
 from ._stats import SessionStatistics
 from ._topics import Subscription, parse_subscription, validate_topic
-from .errors import AccessDeniedError, LimitExceededError, StateError
+from .errors import AccessDeniedError, InvalidTopicError, LimitExceededError, StateError
 
 if TYPE_CHECKING:
     from ._node import Node
     from ._profiles import AclProfile, ClientProfile, ClientUsername
     from ._vpn import Vpn
+    from .abc import Flow
 
 __all__ = ["MessageHandler", "Session"]
 
@@ -177,6 +178,112 @@ class Session:
                 vpn._drain()
         finally:
             vpn._busy = False
+
+    # --- guaranteed messaging (delegated to the plugin that provides it) ------------
+
+    async def send(
+        self,
+        topic: str,
+        payload: bytes | bytearray | memoryview | str = b"",
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+        eliding_eligible: bool = False,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Publish a guaranteed message to a topic (SPEC 4).
+
+        Returns once every endpoint whose subscriptions match holds it (for a
+        persistent message on a durable store: on disk). Matching client
+        subscriptions get it as a direct message.
+
+        :param ttl: seconds until it expires, for endpoints that respect TTL.
+        :raises PublishRejectedError: an endpoint that rejects on discard could not
+            take it, or it is too large; nothing was stored.
+        :raises ConfigurationError: no plugin provides guaranteed messaging.
+        """
+        if topic not in self._admitted:
+            self._admit(topic)
+        await self.node.guaranteed.send(
+            self,
+            topic,
+            _as_bytes(payload),
+            _send_options(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id),
+        )
+
+    async def send_many(
+        self,
+        messages: Iterable[tuple[str, bytes | bytearray | memoryview | str]],
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+    ) -> list[Exception | None]:
+        """Publish many guaranteed messages, pipelined: one store commit for the batch.
+
+        ``messages`` are ``(topic, payload)`` pairs. Returns one entry per message, in
+        order: ``None`` once it is held (acked), or the exception that rejected it
+        (:class:`PublishRejectedError`, :class:`InvalidTopicError`,
+        :class:`AccessDeniedError`); a rejected message does not stop the others.
+        """
+        self._check_open()
+        batch: list[tuple[str, bytes]] = []
+        results: list[Exception | None] = []
+        for topic, payload in messages:
+            try:
+                if topic not in self._admitted:
+                    self._admit(topic)
+            except (InvalidTopicError, AccessDeniedError) as exc:
+                results.append(exc)
+                continue
+            results.append(None)
+            batch.append((topic, _as_bytes(payload)))
+        sent = iter(
+            await self.node.guaranteed.send_many(
+                self, batch, _send_options(persistent, headers, ttl, False, None, None)
+            )
+        )
+        return [next(sent) if r is None else r for r in results]
+
+    async def send_to_queue(
+        self,
+        queue: str,
+        payload: bytes | bytearray | memoryview | str = b"",
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Publish a guaranteed message to one queue by name (SPEC 4).
+
+        :raises PublishRejectedError: no such queue, ingress disabled, over quota or
+            too large; nothing was stored.
+        """
+        self._check_open()
+        await self.node.guaranteed.send_to_queue(
+            self,
+            queue,
+            _as_bytes(payload),
+            _send_options(persistent, headers, ttl, False, reply_to, correlation_id),
+        )
+
+    async def bind(self, queue: str, *, window: int = 255) -> Flow:
+        """Bind a consumer flow to a queue; use it with ``async with`` / ``async for``.
+
+        :param window: most messages delivered and not yet acknowledged.
+        :raises AccessDeniedError: the client profile does not allow guaranteed receive.
+        :raises StateError: no such queue, or its egress is disabled.
+        """
+        self._check_open()
+        if not self.client_profile.allow_guaranteed_receive:
+            raise AccessDeniedError(
+                self.username, "bind", queue, "client profile does not allow guaranteed receive"
+            )
+        return await self.node.guaranteed.bind(self, queue, window)
 
     def _admit(self, topic: str) -> None:
         """First publish to ``topic``: validate it and check the ACL, then remember it."""
@@ -387,6 +494,24 @@ class Session:
 
 def _drop(message: Message) -> None:
     """``deliver`` of a closed session."""
+
+
+def _send_options(
+    persistent: bool,
+    headers: Mapping[str, Any] | None,
+    ttl: float | None,
+    eliding_eligible: bool,
+    reply_to: str | None,
+    correlation_id: str | None,
+) -> dict[str, Any]:
+    return {
+        "persistent": persistent,
+        "headers": dict(headers) if headers else {},
+        "ttl": ttl,
+        "eliding_eligible": eliding_eligible,
+        "reply_to": reply_to,
+        "correlation_id": correlation_id,
+    }
 
 
 def _as_bytes(payload: object) -> bytes:

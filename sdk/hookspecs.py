@@ -90,6 +90,19 @@ def meshbus_unconfigure(node: Node) -> None:
     """
 
 
+@hookspec(firstresult=True)
+def meshbus_spool_store(node: Node) -> object | None:
+    """Provide the store that spools guaranteed messages; the first non-``None`` wins.
+
+    Return a ``SpoolStore`` (see :mod:`meshbus.plugins.guaranteed`), not yet
+    opened: the guaranteed plugin opens it when the node starts and closes it when
+    the node stops. Without an answer the plugin uses its embedded default: SQLite
+    in ``node.data_dir``, or memory when the node has no data directory.
+
+    :param node: the node being started.
+    """
+
+
 # -------------------------------------------------------------------------------------
 # Message VPNs
 # -------------------------------------------------------------------------------------

@@ -103,6 +103,10 @@ class Recorder:
         self._record("lifespan exit", sessions=node.statistics().sessions)
 
     @hookimpl
+    def meshbus_spool_store(self, node: Node) -> None:
+        self._record("meshbus_spool_store", node=node)  # None: the plugin's default store
+
+    @hookimpl
     def meshbus_unconfigure(self, node: Node) -> None:
         self._record("meshbus_unconfigure", node=node, running=node.running)
 
@@ -278,6 +282,18 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
     calls = rec.take()
     assert [hook for hook, _ in calls][-2:] == ["lifespan exit", "meshbus_unconfigure"]
     assert calls[-1][1] == {"node": node, "running": False}
+
+    # The spool-store hook fires when the guaranteed plugin starts a node.
+    store_node = Node(plugins=["guaranteed", rec])
+    rec.take()
+    async with store_node:
+        calls = rec.take()
+        assert calls[:3] == [
+            ("meshbus_lifespan", {"node": store_node}),
+            ("meshbus_spool_store", {"node": store_node}),
+            ("lifespan enter", {"running": True}),
+        ]
+        store_node.guaranteed.create_queue("q")  # the default store (memory) is in use
 
     # Every call above was compared in full, so each hook that fired was checked.
     fired = set(rec.history)
