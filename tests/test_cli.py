@@ -29,6 +29,9 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "600 jobs over 3 workers: {'worker-a': 193, 'worker-b': 202, 'worker-c': 205}" in out
     assert "the last update arrived: True" in out
     assert "NodeStatistics(" in out
+    assert "4 orders sent in one commit: ['ok', 'ok', 'ok', 'PublishRejectedError']" in out
+    assert "recovered 'order 2' redelivered=True" in out
+    assert "recovered 'order 3' redelivered=False" in out
 
 
 def test_plugins_lists_the_builtin_direct_plugin(capsys: pytest.CaptureFixture[str]) -> None:

@@ -57,6 +57,15 @@ EXPECTED: dict[str, list[str]] = {
         "  t=1000 ms prices/ACME 110.00",
         "  t=1000 ms prices/INIT 60.00",
     ],
+    "guaranteed_orders.py": [
+        "published 4 orders; the queue holds at most 4",
+        "order 5 rejected to the publisher: over-quota (limit 4)",
+        "worker acknowledged order 1",
+        "worker took order 2 and stopped before acknowledging it",
+        "after restart: order 2 redelivered=True mode=persistent",
+        "after restart: order 3 redelivered=False mode=persistent",
+        "after restart: order 4 redelivered=False mode=persistent",
+    ],
     "acl_users.py": [
         "visitor logged in with the profiles of user 'default'",
         "refused: connect denied for user 'ops': wrong password",

@@ -20,11 +20,11 @@ SOURCE_DIRS = {
 
 
 def expected_modules() -> set[str]:
-    """Every .py file of the four source folders, as its path inside the wheel."""
+    """Every .py file of the four source folders (subpackages too), as its wheel path."""
     found = set()
     for folder, target in SOURCE_DIRS.items():
-        for path in (ROOT / folder).glob("*.py"):
-            found.add(f"{target}/{path.name}")
+        for path in (ROOT / folder).rglob("*.py"):
+            found.add(f"{target}/{path.relative_to(ROOT / folder).as_posix()}")
     return found
 
 

@@ -108,7 +108,7 @@ class ExtraArgument:
 
 
 def test_default_plugins_are_the_builtin_entry_points() -> None:
-    assert DEFAULT_PLUGINS == ("direct", "shared", "eliding")
+    assert DEFAULT_PLUGINS == ("direct", "shared", "eliding", "guaranteed")
     assert set(DEFAULT_PLUGINS) <= set(available_plugins())
     assert Node().plugins.names() == list(DEFAULT_PLUGINS)
     assert Node(plugins=None).plugins.get("direct") is direct_plugin
@@ -164,7 +164,7 @@ async def test_block_keeps_an_installed_plugin_out_of_autoload() -> None:
 
 
 def test_block_removes_a_default_plugin() -> None:
-    assert Node(block=["direct"]).plugins.names() == ["shared", "eliding"]
+    assert Node(block=["direct"]).plugins.names() == ["shared", "eliding", "guaranteed"]
 
 
 # --- bad registrations: a typed error naming the problem, and nothing changed -----------

@@ -1,0 +1,375 @@
+"""A queue at run time and the consumer flows bound to it (SPEC 4).
+
+Messages live in the spool store; a queue keeps only a cursor into it, a page of
+messages read ahead (``_ready``), the messages handed back by flows that unbound
+(``_returned``, delivered first and in id order), and what each flow holds in
+flight. So memory stays bounded however many messages the queue holds.
+
+Delivery is pulled: a flow asks for messages when its application calls
+:meth:`QueueFlow.receive`. Before messages are handed out they are marked
+delivered in the store (one commit for a batch up to the flow's window), so a
+restart delivers them again flagged ``redelivered=True``: nothing is delivered
+twice without that flag. Acks are collected and committed in batches; a crash
+before such a commit means a redelivery, flagged, never a loss.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+
+from meshbus import (
+    DeliveryMode,
+    Message,
+    PublishRejectedError,
+    Session,
+    StateError,
+)
+from meshbus.abc import Flow
+
+from ._settings import AccessType, QueueSettings
+from ._store import NewMessage, SpoolEntry, SpoolStore, StoredMessage
+
+if TYPE_CHECKING:
+    from ._service import GuaranteedService
+
+__all__ = ["Queue", "QueueFlow"]
+
+_PAGE = 256  # messages read ahead from the store per refill
+# Acks are committed in batches of this many, or when a flow runs out of messages
+# to hand out, or when it unbinds: one commit per ack would cap a consumer at the
+# disk's commit rate. A crash before the commit redelivers those, flagged.
+_ACK_BATCH = 128
+
+
+class Queue:
+    """One provisioned queue of one VPN."""
+
+    def __init__(self, service: GuaranteedService, vpn_name: str, settings: QueueSettings) -> None:
+        self.service = service
+        self.store: SpoolStore = service.store
+        self.vpn_name = vpn_name
+        self.settings = settings
+        #: The queue's name in the store: VPN names have no '/', so this is unambiguous.
+        self.endpoint = f"{vpn_name}/{settings.name}"
+        self.flows: list[QueueFlow] = []
+        self._cursor = 0  # highest message id read from the store into _ready
+        self._ready: deque[SpoolEntry] = deque()
+        self._returned: list[SpoolEntry] = []  # handed back by flows; sorted by id
+        self._returned_ids: list[int] = []
+        self._in_flight = 0  # messages held by flows (prefetched or unacked)
+        self._pending_acks: list[int] = []
+        self._pending_ack_bytes = 0
+        # (messages, bytes) accepted but not yet handed to the store; once put_many has
+        # started, store.stats() counts them itself, so a reservation must end then.
+        self._reserved = (0, 0)
+        self._changed = anyio.Event()
+        self._waiting = 0  # flows waiting in wait(): wake only when there are some
+        self._refill_lock = anyio.Lock()
+        self.deleted = False
+        # counters
+        self.spooled = 0
+        self.delivered = 0
+        self.acked = 0
+        self.redelivered = 0
+        self.expired = 0
+        self.dead_lettered = 0
+        self.discarded = 0
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.endpoint!r} flows={len(self.flows)} in_flight={self._in_flight}>"
+
+    # --- ingress -----------------------------------------------------------------
+
+    def usage(self) -> tuple[int, int]:
+        """(messages, bytes) counted against the quota: stored, reserved, not yet acked."""
+        stats = self.store.stats(self.endpoint)
+        return (
+            stats.messages + self._reserved[0] - len(self._pending_acks),
+            stats.bytes + self._reserved[1] - self._pending_ack_bytes,
+        )
+
+    def refusal(self, size: int) -> PublishRejectedError | None:
+        """Why this queue cannot take a message of ``size`` bytes now, or ``None``."""
+        s = self.settings
+        where = f"queue {s.name!r}"
+        if self.deleted:
+            return PublishRejectedError("no-such-queue", where)
+        if not s.ingress_enabled:
+            return PublishRejectedError("ingress-disabled", where)
+        if size > s.max_message_size:
+            return PublishRejectedError("too-large", where, s.max_message_size, size)
+        messages, used = self.usage()
+        if s.max_messages is not None and messages + 1 > s.max_messages:
+            return PublishRejectedError("over-quota", where, s.max_messages, messages + 1)
+        if s.max_bytes is not None and used + size > s.max_bytes:
+            return PublishRejectedError("over-quota", where, s.max_bytes, used + size)
+        return None
+
+    def reserve(self, size: int) -> None:
+        """Count a message that will be stored shortly against the quota."""
+        m, b = self._reserved
+        self._reserved = (m + 1, b + size)
+
+    def unreserve(self, size: int) -> None:
+        """End a reservation: call it right before the put starts (no await between)."""
+        m, b = self._reserved
+        self._reserved = (m - 1, b - size)
+
+    def stored(self) -> None:
+        """A message for this queue was committed: wake flows waiting for one."""
+        self.spooled += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiting:
+            self._changed.set()
+            self._changed = anyio.Event()
+
+    # --- egress ------------------------------------------------------------------
+
+    def may_deliver_to(self, flow: QueueFlow) -> bool:
+        if not self.settings.egress_enabled or flow not in self.flows:
+            return False
+        if self.settings.access_type is AccessType.EXCLUSIVE:
+            return self.flows[0] is flow
+        # Round-robin: flows are kept in turn order (a flow that takes a message moves to
+        # the end); a flow's turn comes when no flow before it is waiting for a message.
+        for other in self.flows:
+            if other is flow or other._hungry:
+                return other is flow
+        return False
+
+    async def take(self, count: int) -> list[SpoolEntry]:
+        """Up to ``count`` entries to hand out next: returned ones first, then new ones."""
+        out: list[SpoolEntry] = []
+        while len(out) < count:
+            if self._returned:
+                out.append(self._returned.pop(0))
+                self._returned_ids.pop(0)
+            elif self._ready:
+                out.append(self._ready.popleft())
+            elif out:
+                # Never await with entries in hand: a cancelled refill would lose them.
+                break
+            else:
+                async with self._refill_lock:
+                    if not self._ready:
+                        page = await self.store.read(self.endpoint, self._cursor, _PAGE)
+                        if not page:
+                            break
+                        self._cursor = page[-1].message.id
+                        self._ready.extend(page)
+        return out
+
+    def give_back(self, entries: list[SpoolEntry]) -> None:
+        """Entries a flow held are available again, in id order, before new ones."""
+        for entry in entries:
+            i = bisect.bisect(self._returned_ids, entry.message.id)
+            self._returned_ids.insert(i, entry.message.id)
+            self._returned.insert(i, entry)
+        if entries:
+            self._wake()
+
+    def ack_later(self, message_id: int, size: int) -> None:
+        self._pending_acks.append(message_id)
+        self._pending_ack_bytes += size
+        self.acked += 1
+        self._wake()  # a flow may be waiting for room in its window
+
+    async def flush_acks(self) -> None:
+        """Commit the acks collected so far (one store call for all of them)."""
+        if not self._pending_acks:
+            return
+        ids, self._pending_acks = self._pending_acks, []
+        size, self._pending_ack_bytes = self._pending_ack_bytes, 0
+        try:
+            await self.store.ack(self.endpoint, ids)
+        except BaseException:
+            self._pending_acks[:0] = ids  # not committed: keep them for the next try
+            self._pending_ack_bytes += size
+            raise
+        self._wake()
+
+    async def wait(self) -> None:
+        self._waiting += 1
+        try:
+            await self._changed.wait()
+        finally:
+            self._waiting -= 1
+
+    async def dispose(self, entry: SpoolEntry, reason: str) -> None:
+        """A message past its TTL or its redeliveries: to the DMQ if there is one, else gone."""
+        dmq_name = self.settings.dead_message_queue
+        dmq = self.service.find_queue(self.vpn_name, dmq_name) if dmq_name else None
+        message = entry.message
+        if dmq is not None and dmq is not self and dmq.refusal(len(message.payload)) is None:
+            await self.store.put_many([_copy_to(message, dmq.endpoint)])
+            dmq.stored()
+            self.dead_lettered += 1
+        else:
+            self.discarded += 1
+        if reason == "ttl":
+            self.expired += 1
+        await self.store.ack(self.endpoint, [message.id])
+        self._wake()
+
+
+def _copy_to(message: StoredMessage, endpoint: str) -> NewMessage:
+    return NewMessage(
+        message.topic,
+        message.payload,
+        (endpoint,),
+        dict(message.headers),
+        message.persistent,
+        None,  # a dead message does not expire again
+        message.published_at,
+    )
+
+
+_flow_ids = itertools.count(1)
+
+
+class QueueFlow(Flow):
+    """A consumer flow bound to a queue; see :meth:`meshbus.Session.bind`."""
+
+    def __init__(self, queue: Queue, session: Session, window: int, clock: Callable[[], float]):
+        self.queue = queue
+        self.session = session
+        self.window = window
+        self.id = next(_flow_ids)
+        self._now = clock
+        self._prefetched: deque[SpoolEntry] = deque()
+        self._unacked: dict[int, SpoolEntry] = {}  # handed to the application
+        self._hungry = False  # in receive() with room: its turn counts (non-exclusive)
+        self.unbound = False
+
+    def __repr__(self) -> str:
+        return f"<QueueFlow {self.id} on {self.queue.settings.name!r} unacked={len(self._unacked)}>"
+
+    async def receive(self) -> Message:
+        try:
+            return await self._receive()
+        finally:
+            if self._hungry:  # got one, or gave up: the turn passes to the next flow
+                self._hungry = False
+                self.queue._wake()
+
+    async def _receive(self) -> Message:
+        queue = self.queue
+        while True:
+            if self.unbound:
+                raise StateError(f"flow {self.id} on queue {queue.settings.name!r} is unbound")
+            if len(queue._pending_acks) >= _ACK_BATCH:
+                await queue.flush_acks()
+            if not self._prefetched:
+                room = self.window - len(self._unacked)
+                if queue.settings.access_type is AccessType.NON_EXCLUSIVE:
+                    room = min(room, 1)  # one at a time keeps the round-robin fair
+                    self._hungry = room > 0
+                if room > 0 and queue.may_deliver_to(self):
+                    await self._prefetch(room)
+            if self._prefetched and not self.unbound:
+                entry = self._prefetched.popleft()
+                if self._expired(entry):
+                    await self._drop(entry, "ttl")
+                    continue
+                limit = queue.settings.max_redelivery
+                if limit and entry.delivery_count > limit:
+                    await self._drop(entry, "redelivery")
+                    continue
+                self._unacked[entry.message.id] = entry
+                queue.delivered += 1
+                if entry.delivery_count:
+                    queue.redelivered += 1
+                return _to_message(entry, queue)
+            await queue.flush_acks()  # nothing to hand out: a good moment to commit acks
+            if self._prefetched or self.unbound:
+                continue
+            await queue.wait()
+
+    async def _prefetch(self, room: int) -> None:
+        queue = self.queue
+        entries = await queue.take(room)
+        if not entries:
+            return
+        if queue.settings.access_type is AccessType.NON_EXCLUSIVE and self in queue.flows:
+            queue.flows.remove(self)  # took its turn: to the end of the line
+            queue.flows.append(self)
+        queue._in_flight += len(entries)
+        try:
+            # Marked before the application can see them: after a crash they come back
+            # flagged. If the mark fails or is cancelled they were never handed out.
+            await queue.store.mark_delivered(queue.endpoint, [e.message.id for e in entries])
+        except BaseException:
+            queue._in_flight -= len(entries)
+            queue.give_back(entries)
+            raise
+        if self.unbound:  # unbound while marking: they go back, flagged by the mark
+            queue._in_flight -= len(entries)
+            queue.give_back([SpoolEntry(e.message, e.delivery_count + 1) for e in entries])
+            return
+        self._prefetched.extend(entries)
+
+    def _expired(self, entry: SpoolEntry) -> bool:
+        expires = entry.message.expires_at
+        return self.queue.settings.respect_ttl and expires is not None and self._now() >= expires
+
+    async def _drop(self, entry: SpoolEntry, reason: str) -> None:
+        self.queue._in_flight -= 1
+        await self.queue.dispose(entry, reason)
+
+    def ack(self, message: Message) -> None:
+        message_id = message.message_id
+        entry = self._unacked.pop(message_id, None) if message_id is not None else None
+        if entry is None:
+            raise StateError(f"message {message_id!r} is not unacknowledged on flow {self.id}")
+        self.queue._in_flight -= 1
+        self.queue.ack_later(entry.message.id, len(entry.message.payload))
+
+    def detach(self) -> None:
+        """Unbind without waiting: everything held goes back to the queue for redelivery."""
+        if self.unbound:
+            return
+        self.unbound = True
+        queue = self.queue
+        queue.flows.remove(self)
+        handed = [SpoolEntry(e.message, e.delivery_count + 1) for e in self._unacked.values()]
+        held = [*handed, *self._prefetched]
+        queue._in_flight -= len(held)
+        self._unacked.clear()
+        self._prefetched.clear()
+        queue.give_back(held)
+        queue._wake()  # a standby flow may be active now
+        self.queue.service.flow_detached(self)
+
+    async def unbind(self) -> None:
+        self.detach()
+        await self.queue.flush_acks()
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except StateError:
+            if self.unbound:
+                raise StopAsyncIteration from None
+            raise
+
+
+def _to_message(entry: SpoolEntry, queue: Queue) -> Message:
+    stored = entry.message
+    return Message(
+        stored.topic,
+        stored.payload,
+        DeliveryMode.PERSISTENT if stored.persistent else DeliveryMode.NON_PERSISTENT,
+        stored.headers,
+        timestamp=stored.published_at,
+        redelivered=entry.delivery_count > 0,
+        message_id=stored.id,
+        destination=queue.settings.name,
+    )

@@ -1,0 +1,369 @@
+"""The node's guaranteed-messaging service: queues, publishing and binding (SPEC 4)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from meshbus import (
+    AccessDeniedError,
+    ConfigurationError,
+    DeliveryMode,
+    Envelope,
+    InvalidTopicError,
+    Message,
+    Node,
+    PublishRejectedError,
+    Session,
+    StateError,
+    SubscriptionIndex,
+    Vpn,
+    parse_endpoint_subscription,
+)
+from meshbus.abc import Flow, GuaranteedMessaging
+
+from ._queue import Queue, QueueFlow
+from ._settings import MAX_MESSAGE_SIZE, QueueSettings
+from ._store import NewMessage, SpoolStore
+
+__all__ = ["GuaranteedService"]
+
+QUEUE_TOPIC_PREFIX = "#P2P/QUE/"
+"""Topic given to messages published to a queue by name (as brokers name it)."""
+
+
+class GuaranteedService(GuaranteedMessaging):
+    """Provisions queues, spools publishes and binds flows for every VPN of a node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._store: SpoolStore | None = None
+        self._queues: dict[tuple[str, str], Queue] = {}
+        self._indexes: dict[str, SubscriptionIndex[Queue]] = {}
+        self._flows: dict[Session, list[QueueFlow]] = {}
+        # direct messages matching queues, waiting for the spooler task
+        self._outbox: list[tuple[NewMessage, list[Queue]]] = []
+        self._acks_due: set[Queue] = set()
+        self._work = anyio.Event()
+
+    @property
+    def store(self) -> SpoolStore:
+        """The open spool store."""
+        if self._store is None:
+            raise StateError("guaranteed messaging is available once the node runs")
+        return self._store
+
+    # --- provisioning ------------------------------------------------------------
+
+    def create_queue(self, name: str, *, vpn: str = "default", **settings: Any) -> Queue:
+        """Provision a queue (idempotent for identical settings); see :class:`QueueSettings`.
+
+        Messages the store already holds for it (from before a restart) come back.
+        """
+        the_vpn = self.node.vpn(vpn)
+        self.store  # noqa: B018 -- raises StateError before the node runs
+        try:
+            wanted = QueueSettings(name, **settings)
+        except TypeError as exc:
+            raise ConfigurationError(f"queue {name!r}: {exc}") from None
+        existing = self._queues.get((vpn, name))
+        if existing is not None:
+            if existing.settings != wanted:
+                raise StateError(f"queue {name!r} exists in VPN {vpn!r} with other settings")
+            return existing
+        # Parsed under the VPN's own topic limits before anything is registered, so a
+        # subscription over them refuses the whole queue (SPEC 1: nothing half-applied).
+        try:
+            filters = [
+                parse_endpoint_subscription(text, the_vpn.topic_limits).filter
+                for text in wanted.subscriptions
+            ]
+        except InvalidTopicError as exc:
+            raise ConfigurationError(f"queue {name!r}: invalid subscription: {exc}") from None
+        queue = Queue(self, vpn, wanted)
+        self._queues[(vpn, name)] = queue
+        index = self._indexes.setdefault(vpn, SubscriptionIndex())
+        for topic_filter in filters:
+            index.add(topic_filter, queue)
+        the_vpn.enable_router("guaranteed", len(index) > 0)
+        return queue
+
+    def queue(self, name: str, *, vpn: str = "default") -> Queue:
+        """The queue called ``name``; :class:`StateError` if there is none."""
+        queue = self._queues.get((vpn, name))
+        if queue is None:
+            raise StateError(f"no queue {name!r} in VPN {vpn!r}")
+        return queue
+
+    def find_queue(self, vpn: str, name: str) -> Queue | None:
+        return self._queues.get((vpn, name))
+
+    async def delete_queue(self, name: str, *, vpn: str = "default") -> None:
+        """Unbind its flows, delete its messages and forget it."""
+        queue = self.queue(name, vpn=vpn)
+        self._forget(queue)
+        await self.store.drop_endpoint(queue.endpoint)
+
+    def _forget(self, queue: Queue) -> None:
+        for flow in list(queue.flows):
+            flow.detach()
+        queue.deleted = True
+        del self._queues[(queue.vpn_name, queue.settings.name)]
+        index = self._indexes.get(queue.vpn_name)
+        if index is not None:
+            for text in queue.settings.subscriptions:
+                index.remove(parse_endpoint_subscription(text).filter, queue)
+            vpn = self.node.vpns.get(queue.vpn_name)
+            if vpn is not None:
+                vpn.enable_router("guaranteed", len(index) > 0)
+        queue._wake()
+
+    def vpn_removed(self, vpn: Vpn) -> None:
+        for queue in [q for q in self._queues.values() if q.vpn_name == vpn.name]:
+            self._forget(queue)
+        self._indexes.pop(vpn.name, None)
+
+    # --- publishing ----------------------------------------------------------------
+
+    async def send(
+        self, session: Session, topic: str, payload: bytes, options: Mapping[str, Any]
+    ) -> None:
+        self._may_send(session)
+        size = len(payload)
+        if size > MAX_MESSAGE_SIZE:
+            raise PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, size)
+        accepted, refusal = self._accepting(self._indexes.get(session.vpn.name), topic, size)
+        if refusal is not None:
+            raise refusal  # nothing was stored anywhere yet
+        now = self.node.clock.time()
+        if accepted:
+            await self._spool(accepted, topic, payload, options, now)
+        # Client subscriptions get it too, as a direct message (SPEC 4).
+        message = Message(
+            topic,
+            payload,
+            DeliveryMode.DIRECT,
+            options["headers"],
+            options["eliding_eligible"],
+            options["reply_to"],
+            options["correlation_id"],
+            sender=session.client_name,
+            timestamp=now,
+        )
+        session.vpn.dispatch(Envelope(message, session, spooled=True))
+
+    async def send_many(
+        self,
+        session: Session,
+        messages: Sequence[tuple[str, bytes]],
+        options: Mapping[str, Any],
+    ) -> list[Exception | None]:
+        """Pipelined publish: every accepted message goes into one put_many (one commit)."""
+        self._may_send(session)
+        index = self._indexes.get(session.vpn.name)
+        now = self.node.clock.time()
+        ttl = options["ttl"]
+        results: list[Exception | None] = []
+        records: list[NewMessage] = []
+        reserved: list[tuple[Queue, int]] = []  # so later messages of the batch see earlier
+        holders: list[list[Queue]] = []
+        for topic, payload in messages:
+            size = len(payload)
+            accepted, refusal = self._accepting(index, topic, size)
+            if refusal is None and size > MAX_MESSAGE_SIZE:
+                refusal = PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, size)
+            results.append(refusal)
+            if refusal is not None or not accepted:
+                continue
+            for queue in accepted:
+                queue.reserve(size)
+                reserved.append((queue, size))
+            holders.append(accepted)
+            records.append(
+                NewMessage(
+                    topic,
+                    payload,
+                    tuple(q.endpoint for q in accepted),
+                    options["headers"],
+                    options["persistent"],
+                    now + ttl if ttl else None,  # ttl 0: never expires (as in Solace)
+                    now,
+                )
+            )
+        for queue, size in reserved:  # the store counts them from the put on
+            queue.unreserve(size)
+        if records:
+            await self.store.put_many(records)
+            for accepted in holders:
+                for queue in accepted:
+                    queue.stored()
+        for (topic, payload), result in zip(messages, results, strict=True):
+            if result is None:
+                message = Message(
+                    topic,
+                    payload,
+                    headers=options["headers"],
+                    sender=session.client_name,
+                    timestamp=now,
+                )
+                session.vpn.dispatch(Envelope(message, session, spooled=True))
+        return results
+
+    def _accepting(
+        self, index: SubscriptionIndex[Queue] | None, topic: str, size: int
+    ) -> tuple[list[Queue], PublishRejectedError | None]:
+        """The queues that take a message, or the refusal that rejects it to the sender."""
+        accepted: list[Queue] = []
+        for queue in index.match(topic) if index is not None else ():
+            refusal = queue.refusal(size)
+            if refusal is None:
+                accepted.append(queue)
+            elif queue.settings.reject_msg_to_sender_on_discard:
+                return [], refusal
+            else:
+                queue.discarded += 1
+        return accepted, None
+
+    async def send_to_queue(
+        self, session: Session, queue: str, payload: bytes, options: Mapping[str, Any]
+    ) -> None:
+        self._may_send(session)
+        target = self._queues.get((session.vpn.name, queue))
+        if target is None:
+            raise PublishRejectedError("no-such-queue", f"queue {queue!r}")
+        refusal = target.refusal(len(payload))
+        if refusal is not None:
+            raise refusal
+        now = self.node.clock.time()
+        await self._spool([target], QUEUE_TOPIC_PREFIX + queue, payload, options, now)
+
+    def _may_send(self, session: Session) -> None:
+        if session.closed:
+            raise StateError(f"session {session.client_name!r} is closed")
+        if not session.client_profile.allow_guaranteed_send:
+            raise AccessDeniedError(
+                session.username, "publish", why="client profile does not allow guaranteed send"
+            )
+
+    async def _spool(
+        self,
+        queues: list[Queue],
+        topic: str,
+        payload: bytes,
+        options: Mapping[str, Any],
+        now: float,
+    ) -> None:
+        ttl = options["ttl"]
+        record = NewMessage(
+            topic,
+            payload,
+            tuple(q.endpoint for q in queues),
+            options["headers"],
+            options["persistent"],
+            now + ttl if ttl else None,  # ttl 0: never expires (as in Solace)
+            now,
+        )
+        # No await between the quota check and the put: the store counts it from here.
+        await self.store.put_many((record,))
+        for queue in queues:
+            queue.stored()
+
+    # --- direct messages matching queues: spooled as non-persistent -----------------
+
+    def router_for(self, vpn: Vpn) -> Any:
+        index = self._indexes.setdefault(vpn.name, SubscriptionIndex())
+        outbox = self._outbox
+
+        def route(envelope: Envelope) -> int:
+            if envelope.spooled:
+                return 0
+            message = envelope.message
+            accepted = []
+            size = len(message.payload)
+            for queue in index.match(message.topic):
+                if queue.refusal(size) is None:
+                    queue.reserve(size)
+                    accepted.append(queue)
+                else:  # a direct publisher gets no error: the queue discards it
+                    queue.discarded += 1
+            if accepted:
+                outbox.append(
+                    (
+                        NewMessage(
+                            message.topic,
+                            message.payload,
+                            tuple(q.endpoint for q in accepted),
+                            dict(message.headers),
+                            False,
+                            None,
+                            message.timestamp,
+                        ),
+                        accepted,
+                    )
+                )
+                self._work.set()
+            return len(accepted)
+
+        return route
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The one background task: spools direct messages, commits acks of gone flows."""
+        task_status.started()
+        while True:
+            await self._work.wait()
+            self._work = anyio.Event()
+            await self._drain()
+
+    async def _drain(self) -> None:
+        while self._outbox:
+            # Copy and clear, never rebind: the routers hold this list object.
+            batch = self._outbox[:]
+            self._outbox.clear()
+            for record, queues in batch:  # the store counts them from the put on
+                for queue in queues:
+                    queue.unreserve(len(record.payload))
+            await self.store.put_many([record for record, _ in batch])
+            for _, queues in batch:
+                for queue in queues:
+                    queue.stored()
+        while self._acks_due:
+            await self._acks_due.pop().flush_acks()
+
+    # --- consuming -----------------------------------------------------------------
+
+    async def bind(self, session: Session, queue: str, window: int) -> Flow:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ConfigurationError(f"window must be a positive int, got {window!r}")
+        target = self._queues.get((session.vpn.name, queue))
+        if target is None:
+            raise StateError(f"no queue {queue!r} in VPN {session.vpn.name!r}")
+        if not target.settings.egress_enabled:
+            raise StateError(f"queue {queue!r} has egress disabled")
+        flow = QueueFlow(target, session, window, self.node.clock.time)
+        target.flows.append(flow)
+        self._flows.setdefault(session, []).append(flow)
+        return flow
+
+    def flow_detached(self, flow: QueueFlow) -> None:
+        flows = self._flows.get(flow.session)
+        if flows is not None:
+            flows.remove(flow)
+            if not flows:
+                del self._flows[flow.session]
+        self._acks_due.add(flow.queue)
+        self._work.set()
+
+    def session_closed(self, session: Session) -> None:
+        for flow in list(self._flows.get(session, ())):
+            flow.detach()
+
+    async def stop(self) -> None:
+        """Commit what is pending; called before the store closes."""
+        for queue in list(self._queues.values()):
+            for flow in list(queue.flows):
+                flow.detach()
+        self._acks_due.update(self._queues.values())
+        await self._drain()

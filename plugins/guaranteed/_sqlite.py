@@ -1,0 +1,724 @@
+"""``SqliteStore``: the embedded, durable spool (stdlib ``sqlite3``, WAL mode).
+
+Durability, exactly (``durability="full"``, the default):
+
+* When ``put_many``/``put`` of a **persistent** message returns, its transaction is in
+  the write-ahead log and the log was fsynced (``synchronous=FULL``): the message
+  survives a process crash (kill -9), an OS crash and a power loss.
+* ``mark_delivered`` and ``drop_endpoint`` are synced the same way, so a message handed
+  to a consumer after ``mark_delivered`` returned is flagged ``redelivered`` after any
+  crash (SPEC 4: nothing delivered twice without that flag).
+* ``ack`` and puts of only **non-persistent** messages commit without their own fsync:
+  once the call returns they survive a process crash (the log is written, and the OS
+  keeps it), and they reach the disk with the next synced commit or checkpoint. A power
+  loss before that can bring acked messages back; they are then redelivered with
+  ``redelivered=True`` (their delivery was marked, durably), never silently.
+
+``durability="relaxed"`` (``synchronous=NORMAL``): every call survives a process crash
+once it has returned, but an OS crash or power loss may take back the last commits
+(up to the last checkpoint). In both modes the file is never left half-written: SQLite
+recovers to the last complete commit.
+
+Group commit: the store keeps one *pending* batch. A caller appends its operation to it;
+if no commit is running, it becomes the *leader*: it yields once (so callers already
+runnable join in), takes the batch, runs it as one transaction (one fsync) on the
+store's worker thread, wakes every caller of the batch, and hands the lead to the first
+caller of the batch that filled up meanwhile. So a lone publisher goes to disk after
+one scheduling round, and under load each commit takes everything that arrived during
+the previous one. There is no background task, hence no task group to own (the store
+opens and closes like a file).
+
+Threading: every SQLite call runs through ``anyio.to_thread.run_sync`` with the store's
+``CapacityLimiter(1)``, so one thread at a time uses the connection (opened with
+``check_same_thread=False`` because anyio may pick another pool thread each time), and
+the event loop never blocks on the disk. Reads queue behind commits on that limiter.
+
+The file is opened with ``locking_mode=EXCLUSIVE``: a second process (or store) on the
+same file gets :class:`~meshbus.SpoolError` instead of sharing, and SQLite needs no
+shared-memory index beside the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Literal
+
+import anyio
+from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
+
+from ._store import (
+    DEFAULT_PAGE,
+    EndpointStats,
+    NewMessage,
+    SpoolEntry,
+    SpoolError,
+    SpoolStatistics,
+    SpoolStore,
+    StateError,
+    StoredMessage,
+    decode_headers,
+    validate_endpoint,
+    validate_ids,
+    validate_messages,
+    validate_page,
+)
+
+__all__ = ["SqliteStore"]
+
+#: Bumped when the tables change; a file with another version is refused.
+SCHEMA_VERSION: Final = 1
+
+# One copy per message (refcount = endpoints still holding it), one row per
+# (endpoint, message). ``refs`` is clustered on its key, so an endpoint's messages
+# are one range scan in id order. ``endpoints`` keeps each endpoint's figures, so
+# opening a store with a million messages reads a few rows, not all of them.
+# The trigger makes an ack, a drop or anything else deleting a reference keep the
+# refcount, the figures and the message's lifetime right in the same transaction.
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    headers TEXT NOT NULL,
+    persistent INTEGER NOT NULL,
+    expires_at REAL,
+    published_at REAL NOT NULL,
+    refcount INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS refs (
+    endpoint TEXT NOT NULL,
+    message_id INTEGER NOT NULL,
+    delivery_count INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (endpoint, message_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS endpoints (
+    name TEXT PRIMARY KEY,
+    messages INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS ref_removed AFTER DELETE ON refs BEGIN
+    UPDATE endpoints SET
+        messages = messages - 1,
+        bytes = bytes - (SELECT length(payload) FROM messages WHERE id = OLD.message_id)
+    WHERE name = OLD.endpoint;
+    -- delete on the last reference, else count down: one write either way
+    DELETE FROM messages WHERE id = OLD.message_id AND refcount = 1;
+    UPDATE messages SET refcount = refcount - 1 WHERE id = OLD.message_id;
+END;
+INSERT OR IGNORE INTO meta VALUES ('next_id', 1);
+PRAGMA user_version = {SCHEMA_VERSION};
+"""
+
+# Constant statement texts: sqlite3 caches the prepared statement per text.
+_INSERT_MESSAGE = "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT_REF = "INSERT INTO refs (endpoint, message_id) VALUES (?, ?)"
+_ADD_TO_ENDPOINT = (
+    "INSERT INTO endpoints VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+    " messages = messages + excluded.messages, bytes = bytes + excluded.bytes"
+)
+_DELETE_REF = "DELETE FROM refs WHERE endpoint = ? AND message_id = ?"
+_MARK_REF = (
+    "UPDATE refs SET delivery_count = delivery_count + 1 WHERE endpoint = ? AND message_id = ?"
+)
+_DROP_REFS = "DELETE FROM refs WHERE endpoint = ?"
+_DROP_ENDPOINT = "DELETE FROM endpoints WHERE name = ?"
+_ENDPOINT_FIGURES = "SELECT messages, bytes FROM endpoints WHERE name = ?"
+_SET_NEXT_ID = "UPDATE meta SET value = ? WHERE key = 'next_id'"
+_READ = """
+SELECT m.id, m.topic, m.payload, m.headers, m.persistent, m.expires_at, m.published_at,
+       r.delivery_count
+FROM refs AS r JOIN messages AS m ON m.id = r.message_id
+WHERE r.endpoint = ? AND r.message_id > ?
+ORDER BY r.message_id
+LIMIT ?
+"""
+
+# What check() looks for; each query returns a row describing the first violation.
+_CHECKS = (
+    (
+        "message {} has refcount {} but {} references",
+        # refs has no index on message_id: count them once, then join (not a nested scan)
+        "SELECT m.id, m.refcount, coalesce(h.n, 0) FROM messages AS m"
+        " LEFT JOIN (SELECT message_id, count(*) AS n FROM refs GROUP BY message_id) AS h"
+        " ON h.message_id = m.id WHERE m.refcount != coalesce(h.n, 0) OR m.refcount < 1"
+        " LIMIT 1",
+    ),
+    (
+        "endpoint {!r} references missing message {}",
+        "SELECT r.endpoint, r.message_id FROM refs AS r"
+        " LEFT JOIN messages AS m ON m.id = r.message_id WHERE m.id IS NULL LIMIT 1",
+    ),
+    (
+        "endpoint {!r} is recorded with {} messages / {} bytes but holds {} / {}",
+        "SELECT e.name, e.messages, e.bytes, coalesce(h.n, 0), coalesce(h.b, 0)"
+        " FROM endpoints AS e LEFT JOIN (SELECT r.endpoint, count(*) AS n,"
+        " sum(length(m.payload)) AS b FROM refs AS r JOIN messages AS m"
+        " ON m.id = r.message_id GROUP BY r.endpoint) AS h ON h.endpoint = e.name"
+        " WHERE e.messages != coalesce(h.n, 0) OR e.bytes != coalesce(h.b, 0) LIMIT 1",
+    ),
+    (
+        "endpoint {!r} holds messages but has no figures",
+        "SELECT DISTINCT r.endpoint FROM refs AS r"
+        " LEFT JOIN endpoints AS e ON e.name = r.endpoint WHERE e.name IS NULL LIMIT 1",
+    ),
+    (
+        "next id {} is not above the highest id {}",
+        "SELECT value, (SELECT max(id) FROM messages) FROM meta"
+        " WHERE key = 'next_id' AND value <= (SELECT coalesce(max(id), 0) FROM messages)",
+    ),
+)
+
+_PUT, _ACK, _MARK, _DROP = range(4)
+
+
+class _Ticket:
+    """One call's operation, waiting in a batch for its group commit.
+
+    ``event`` is set when the batch is committed (``done``), or earlier to hand this
+    caller the lead (``done`` still false). The caller that leads never waits, so it
+    needs no event: only waiting callers create one.
+    """
+
+    __slots__ = (
+        "args",
+        "batch",
+        "delta",
+        "done",
+        "endpoint",
+        "error",
+        "event",
+        "kind",
+        "records",
+        "result",
+        "sync",
+    )
+
+    def __init__(self, kind: int, endpoint: str, args: Any, records: int, sync: bool) -> None:
+        self.kind = kind
+        self.endpoint = endpoint
+        self.args = args  # statement parameters, built before queueing
+        self.records = records
+        self.sync = sync  # the commit must fsync for this operation
+        self.delta: dict[str, list[int]] | None = None  # a put's [messages, bytes] per endpoint
+        self.batch: _Batch | None = None
+        self.event: anyio.Event | None = None
+        self.done = False
+        self.error: SpoolError | None = None
+        self.result = 0
+
+
+class _Batch:
+    """Operations that will share one transaction, in call order."""
+
+    __slots__ = ("delta", "tickets")
+
+    def __init__(self) -> None:
+        self.tickets: list[_Ticket] = []
+        # What its puts add to each endpoint: stats() counts it before the commit.
+        self.delta: dict[str, list[int]] = {}
+
+
+# What a commit reports back: each ticket's count, then [messages, bytes] of every
+# endpoint it changed, as committed.
+_Outcome = tuple[list[int], dict[str, tuple[int, int]]]
+
+
+class SqliteStore(SpoolStore):
+    """The embedded default :class:`SpoolStore`: one SQLite file in WAL mode.
+
+    :param path: the database file (created if missing; ``-wal`` beside it).
+    :param durability: ``"full"`` (fsync before a persistent put returns) or
+        ``"relaxed"`` (survives a process crash, not a power loss); see the module docs.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], durability: Literal["full", "relaxed"] = "full"
+    ) -> None:
+        if durability not in ("full", "relaxed"):
+            raise ValueError(f"durability must be 'full' or 'relaxed', not {durability!r}")
+        self.path = os.fspath(path)
+        self.durability = durability
+        self._full = durability == "full"
+        self._conn: sqlite3.Connection | None = None
+        self._closing = False
+        self._synced = self._full  # the connection's synchronous setting (worker only)
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._next_id = 1
+        self._pending = _Batch()
+        self._inflight: _Batch | None = None
+        self._busy = False  # some caller holds the lead
+        self._idle: anyio.Event | None = None  # close() and check() wait on it
+        self._committed: dict[str, tuple[int, int]] = {}  # figures on disk, per endpoint
+        self._commits = self._syncs = self._records = 0
+
+    def __repr__(self) -> str:
+        state = "open" if self._conn is not None else "closed"
+        return f"<SqliteStore {self.path!r} {self.durability} {state}>"
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            raise StateError(f"spool {self.path!r} is open already")
+        limiter = anyio.CapacityLimiter(1)
+        conn, next_id, committed = await anyio.to_thread.run_sync(self._connect, limiter=limiter)
+        self._limiter = limiter
+        self._conn = conn
+        self._closing = False
+        self._synced = self._full
+        self._next_id = next_id
+        self._pending = _Batch()
+        self._committed = committed
+        self._commits = self._syncs = self._records = 0
+
+    def _connect(self) -> tuple[sqlite3.Connection, int, dict[str, tuple[int, int]]]:
+        try:
+            # timeout=0: a file locked by another store fails at once, it will not free up
+            conn = sqlite3.connect(
+                self.path, timeout=0, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise SpoolError(f"cannot open spool {self.path!r}: {exc}") from exc
+        try:
+            conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            if mode != "wal":
+                raise SpoolError(f"spool {self.path!r} cannot use a write-ahead log ({mode})")
+            conn.execute(f"PRAGMA synchronous = {'FULL' if self._full else 'NORMAL'}")
+            if self._full:
+                conn.execute("PRAGMA fullfsync = ON")  # macOS: F_FULLFSYNC, a real flush
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            if version not in (0, SCHEMA_VERSION):
+                raise SpoolError(
+                    f"{self.path!r} is a spool of version {version}, this is {SCHEMA_VERSION}"
+                )
+            # Writing takes the exclusive lock now, so a file in use fails here.
+            conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
+            (stored_next,) = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
+            (top,) = conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()
+            committed = {
+                name: (messages, size)
+                for name, messages, size in conn.execute(
+                    "SELECT name, messages, bytes FROM endpoints WHERE messages > 0"
+                )
+            }
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise SpoolError(f"cannot open spool {self.path!r}: {exc}") from exc
+            raise
+        return conn, max(stored_next, top + 1), committed
+
+    async def close(self) -> None:
+        conn = self._conn
+        if conn is None or self._closing:
+            return
+        self._closing = True  # new calls fail from here; queued ones still commit
+        with anyio.CancelScope(shield=True):  # never leave the file half-closed
+            await self._wait_idle()
+            await anyio.to_thread.run_sync(self._disconnect, conn, limiter=self._limiter)
+
+    def _disconnect(self, conn: sqlite3.Connection) -> None:
+        self._conn = None  # under the limiter: a read queued before us has finished
+        try:
+            conn.close()
+        except sqlite3.Error as exc:
+            raise SpoolError(f"closing spool {self.path!r}: {exc}") from exc
+
+    def _check_open(self) -> None:
+        if self._conn is None or self._closing:
+            raise StateError(f"spool {self.path!r} is not open")
+
+    # -- mutations: queued for the group commit ---------------------------------------
+
+    async def put_many(self, messages: Sequence[NewMessage]) -> list[int]:
+        self._check_open()
+        encoded = validate_messages(messages)
+        await checkpoint_if_cancelled()
+        if not messages:
+            return []
+        self._check_open()
+        # Ids are taken now, in call order, so that ids (and so every endpoint's
+        # order) follow the order of the calls even when they share a commit.
+        rows = []
+        refs = []
+        delta: dict[str, list[int]] = {}
+        ids = []
+        persistent = False
+        message_id = self._next_id
+        for message, headers in zip(messages, encoded, strict=True):
+            endpoints = message.endpoints
+            payload = message.payload
+            rows.append(
+                (
+                    message_id,
+                    message.topic,
+                    payload,
+                    headers,
+                    bool(message.persistent),
+                    message.expires_at,
+                    message.published_at,
+                    len(endpoints),
+                )
+            )
+            size = len(payload)
+            for name in endpoints:
+                refs.append((name, message_id))
+                figures = delta.get(name)
+                if figures is None:
+                    delta[name] = [1, size]
+                else:
+                    figures[0] += 1
+                    figures[1] += size
+            persistent = persistent or message.persistent
+            ids.append(message_id)
+            message_id += 1
+        self._next_id = message_id
+        ticket = _Ticket(_PUT, "", (rows, refs), len(rows), self._full and persistent)
+        ticket.delta = delta
+        await self._submit(ticket)
+        return ids
+
+    async def ack(self, endpoint: str, message_ids: Iterable[int]) -> int:
+        return await self._submit_refs(_ACK, endpoint, message_ids, sync=False)
+
+    async def mark_delivered(self, endpoint: str, message_ids: Iterable[int]) -> int:
+        return await self._submit_refs(_MARK, endpoint, message_ids, sync=self._full)
+
+    async def _submit_refs(
+        self, kind: int, endpoint: str, message_ids: Iterable[int], sync: bool
+    ) -> int:
+        self._check_open()
+        validate_endpoint(endpoint)
+        ids = validate_ids(message_ids)
+        await checkpoint_if_cancelled()
+        if not ids:
+            return 0
+        self._check_open()
+        ticket = _Ticket(kind, endpoint, [(endpoint, i) for i in ids], len(ids), sync)
+        await self._submit(ticket)
+        return ticket.result
+
+    async def drop_endpoint(self, endpoint: str) -> int:
+        self._check_open()
+        validate_endpoint(endpoint)
+        await checkpoint_if_cancelled()
+        self._check_open()
+        ticket = _Ticket(_DROP, endpoint, (endpoint,), 1, self._full)
+        await self._submit(ticket)
+        return ticket.result
+
+    async def _submit(self, ticket: _Ticket) -> None:
+        """Queue ``ticket`` and return once its batch is committed (or raise why not)."""
+        batch = self._pending
+        batch.tickets.append(ticket)
+        ticket.batch = batch
+        if ticket.delta is not None:
+            _merge(batch.delta, ticket.delta)
+        if self._busy:
+            event = ticket.event = anyio.Event()
+            try:
+                await event.wait()
+            except BaseException:  # cancelled
+                self._abandon(ticket, leading=event.is_set())
+                raise
+            if ticket.done:
+                if ticket.error is not None:
+                    raise ticket.error
+                return
+            # else the lead was handed to us
+        else:
+            self._busy = True  # the lead is ours
+        # Yield once before taking the batch: callers that are ready to run (typically
+        # the publishers the last commit just woke) join this commit instead of leaving
+        # it to a lone caller, which would make commits alternate between 1 and N.
+        try:
+            await checkpoint()
+        except BaseException:
+            self._abandon(ticket, leading=True)
+            raise
+        await self._lead()
+        if ticket.error is not None:
+            raise ticket.error
+
+    def _abandon(self, ticket: _Ticket, leading: bool) -> None:
+        """A caller was cancelled: withdraw its operation if its commit has not started."""
+        batch = self._pending
+        if ticket.done or ticket.batch is not batch:
+            return  # committed already, or being committed: it counts
+        batch.tickets.remove(ticket)
+        if ticket.delta is not None:
+            _merge(batch.delta, ticket.delta, -1)
+        if leading:
+            self._hand_off()  # pass the lead on, or go idle
+
+    async def _lead(self) -> None:
+        """Commit the pending batch as one transaction, wake its callers, pass the lead on.
+
+        Shielded: the callers of the batch (and those queued behind it) depend on this
+        task finishing the commit and handing over, whatever happens to its own caller.
+        """
+        batch = self._pending
+        self._pending = _Batch()
+        self._inflight = batch
+        tickets = batch.tickets
+        sync = self._full and any(ticket.sync for ticket in tickets)
+        outcome: _Outcome | None = None
+        error: SpoolError | None = None
+        try:
+            with anyio.CancelScope(shield=True):
+                outcome = await anyio.to_thread.run_sync(
+                    self._apply, tickets, sync, limiter=self._limiter
+                )
+        except SpoolError as exc:
+            error = exc
+        except Exception as exc:
+            error = SpoolError(f"spool {self.path!r}: commit failed: {exc!r}")
+            error.__cause__ = exc
+        finally:
+            self._inflight = None
+            if outcome is None:
+                if error is None:  # interrupted (KeyboardInterrupt...): state unknown
+                    error = SpoolError(f"spool {self.path!r}: commit interrupted")
+            else:
+                counts, figures = outcome
+                for ticket, count in zip(tickets, counts, strict=True):
+                    ticket.result = count
+                for name, (messages, size) in figures.items():
+                    if messages:
+                        self._committed[name] = (messages, size)
+                    else:
+                        self._committed.pop(name, None)
+                self._commits += 1
+                self._syncs += sync
+                self._records += sum(ticket.records for ticket in tickets)
+            for ticket in tickets:
+                ticket.done = True
+                ticket.error = error
+                if ticket.event is not None:
+                    ticket.event.set()
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        """Give the lead to the first caller waiting in the pending batch, or go idle."""
+        tickets = self._pending.tickets
+        if tickets:
+            event = tickets[0].event
+            assert event is not None  # only the lead holder has none, and it is not here
+            event.set()
+        else:
+            self._busy = False
+            if self._idle is not None:
+                self._idle.set()
+                self._idle = None
+
+    # -- worker thread ----------------------------------------------------------------
+
+    def _apply(self, tickets: list[_Ticket], sync: bool) -> _Outcome:
+        """Run ``tickets`` in one transaction (worker thread, under the limiter)."""
+        conn = self._conn
+        assert conn is not None  # close() waits for the leaders
+        counts: list[int] = []
+        touched: dict[str, None] = {}
+        rows: list[Any] = []
+        refs: list[Any] = []
+        delta: dict[str, list[int]] = {}
+        top = 0
+        try:
+            if self._full and sync != self._synced:
+                # Only commits that need it pay for the fsync (see the module docs).
+                conn.execute(f"PRAGMA synchronous = {'FULL' if sync else 'NORMAL'}")
+                self._synced = sync
+            conn.execute("BEGIN")
+            for ticket in tickets:
+                kind = ticket.kind
+                if kind == _PUT:
+                    # Consecutive puts become one executemany per table.
+                    put_rows, put_refs = ticket.args
+                    rows += put_rows
+                    refs += put_refs
+                    assert ticket.delta is not None
+                    _merge(delta, ticket.delta)
+                    top = put_rows[-1][0]
+                    counts.append(len(put_rows))
+                    continue
+                if rows:
+                    _insert(conn, rows, refs, delta, touched)
+                    rows, refs, delta = [], [], {}
+                if kind == _ACK:
+                    counts.append(conn.executemany(_DELETE_REF, ticket.args).rowcount)
+                    touched[ticket.endpoint] = None
+                elif kind == _MARK:
+                    counts.append(conn.executemany(_MARK_REF, ticket.args).rowcount)
+                else:
+                    counts.append(conn.execute(_DROP_REFS, ticket.args).rowcount)
+                    conn.execute(_DROP_ENDPOINT, ticket.args)
+                    touched[ticket.endpoint] = None
+            if rows:
+                _insert(conn, rows, refs, delta, touched)
+            if top:
+                conn.execute(_SET_NEXT_ID, (top + 1,))
+            figures: dict[str, tuple[int, int]] = {}
+            for name in touched:
+                row = conn.execute(_ENDPOINT_FIGURES, (name,)).fetchone()
+                figures[name] = (row[0], row[1]) if row is not None else (0, 0)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):  # report the original error
+                    conn.execute("ROLLBACK")
+            raise SpoolError(f"spool {self.path!r}: commit failed: {exc}") from exc
+        return counts, figures
+
+    def _read(
+        self, endpoint: str, after_id: int, limit: int, max_bytes: int | None
+    ) -> list[SpoolEntry]:
+        conn = self._conn
+        if conn is None:
+            raise StateError(f"spool {self.path!r} is not open")
+        page: list[SpoolEntry] = []
+        total = 0
+        try:
+            # Rows are stepped one by one, so a page cut short by max_bytes never
+            # loads the payloads after it; closing the cursor ends the statement.
+            cursor = conn.execute(_READ, (endpoint, after_id, limit))
+            try:
+                for row in cursor:
+                    payload = row[2]
+                    message = StoredMessage(
+                        row[0],
+                        row[1],
+                        payload,
+                        decode_headers(row[3]),
+                        bool(row[4]),
+                        row[5],
+                        row[6],
+                    )
+                    page.append(SpoolEntry(message, row[7]))
+                    if max_bytes is not None:
+                        total += len(payload)
+                        if total >= max_bytes:
+                            break
+            finally:
+                cursor.close()
+        except (sqlite3.Error, ValueError) as exc:  # orjson.JSONDecodeError is a ValueError
+            raise SpoolError(f"spool {self.path!r}: cannot read {endpoint!r}: {exc}") from exc
+        return page
+
+    def _check(self) -> dict[str, tuple[int, int]]:
+        conn = self._conn
+        if conn is None:
+            raise StateError(f"spool {self.path!r} is not open")
+        try:
+            result = [row[0] for row in conn.execute("PRAGMA integrity_check")]
+            if result != ["ok"]:
+                raise SpoolError(f"spool {self.path!r} is corrupt: {'; '.join(result[:5])}")
+            for problem, query in _CHECKS:
+                row = conn.execute(query).fetchone()
+                if row is not None:
+                    raise SpoolError(f"spool {self.path!r}: " + problem.format(*row))
+            for message_id, headers in conn.execute("SELECT id, headers FROM messages"):
+                try:
+                    decode_headers(headers)
+                except (ValueError, TypeError) as exc:
+                    raise SpoolError(
+                        f"spool {self.path!r}: message {message_id} has bad headers: {exc}"
+                    ) from exc
+            return {
+                name: (messages, size)
+                for name, messages, size in conn.execute(
+                    "SELECT name, messages, bytes FROM endpoints WHERE messages > 0"
+                )
+            }
+        except sqlite3.Error as exc:
+            raise SpoolError(f"spool {self.path!r}: check failed: {exc}") from exc
+
+    # -- reads ------------------------------------------------------------------------
+
+    async def read(
+        self,
+        endpoint: str,
+        after_id: int = 0,
+        limit: int = DEFAULT_PAGE,
+        max_bytes: int | None = None,
+    ) -> list[SpoolEntry]:
+        self._check_open()
+        validate_endpoint(endpoint)
+        validate_page(after_id, limit, max_bytes)
+        return await anyio.to_thread.run_sync(
+            self._read, endpoint, after_id, limit, max_bytes, limiter=self._limiter
+        )
+
+    def stats(self, endpoint: str) -> EndpointStats:
+        messages, size = self._committed.get(endpoint, (0, 0))
+        for batch in (self._inflight, self._pending):
+            if batch is not None:
+                figures = batch.delta.get(endpoint)
+                if figures is not None:
+                    messages += figures[0]
+                    size += figures[1]
+        return EndpointStats(messages, size)
+
+    def endpoints(self) -> list[str]:
+        names = set(self._committed)
+        for batch in (self._inflight, self._pending):
+            if batch is not None:
+                names.update(batch.delta)
+        return sorted(name for name in names if self.stats(name).messages)
+
+    def statistics(self) -> SpoolStatistics:
+        return SpoolStatistics(commits=self._commits, syncs=self._syncs, records=self._records)
+
+    async def check(self) -> None:
+        self._check_open()
+        await self._wait_idle()
+        self._check_open()
+        # Take the lead without a batch: callers queue meanwhile, so the figures in
+        # memory and on disk are compared with no commit between them.
+        self._busy = True
+        try:
+            with anyio.CancelScope(shield=True):
+                on_disk = await anyio.to_thread.run_sync(self._check, limiter=self._limiter)
+            if on_disk != self._committed:
+                raise SpoolError(
+                    f"spool {self.path!r}: endpoint figures in memory {self._committed}"
+                    f" differ from the file's {on_disk}"
+                )
+        finally:
+            self._hand_off()
+
+    async def _wait_idle(self) -> None:
+        """Until no caller holds the lead (all queued operations are committed)."""
+        while self._busy:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
+
+
+def _merge(into: dict[str, list[int]], delta: dict[str, list[int]], sign: int = 1) -> None:
+    """Add (or with ``sign=-1`` take back) a put's per-endpoint [messages, bytes]."""
+    for name, (messages, size) in delta.items():
+        figures = into.get(name)
+        if figures is None:
+            into[name] = [sign * messages, sign * size]
+        else:
+            figures[0] += sign * messages
+            figures[1] += sign * size
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    rows: list[Any],
+    refs: list[Any],
+    delta: dict[str, list[int]],
+    touched: dict[str, None],
+) -> None:
+    """Insert a run of puts: messages, references, then each endpoint's figures once."""
+    conn.executemany(_INSERT_MESSAGE, rows)
+    conn.executemany(_INSERT_REF, refs)
+    conn.executemany(_ADD_TO_ENDPOINT, [(name, m, b) for name, (m, b) in delta.items()])
+    touched.update(dict.fromkeys(delta))
