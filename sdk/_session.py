@@ -21,7 +21,12 @@ from ._messages import (
 )
 from ._stash import Stash
 from ._stats import SessionStatistics
-from ._topics import Subscription, parse_subscription, validate_topic
+from ._topics import (
+    Subscription,
+    parse_endpoint_subscription,
+    parse_subscription,
+    validate_topic,
+)
 from .errors import AccessDeniedError, InvalidTopicError, LimitExceededError, StateError
 
 if TYPE_CHECKING:
@@ -284,6 +289,31 @@ class Session:
                 self.username, "bind", queue, "client profile does not allow guaranteed receive"
             )
         return await self.node.guaranteed.bind(self, queue, window)
+
+    async def bind_topic_endpoint(
+        self, endpoint: str, subscription: str, *, window: int = 255
+    ) -> Flow:
+        """Bind a consumer flow to a topic endpoint, naming the subscription it spools.
+
+        The subscription stays with the endpoint after the flow unbinds (a durable
+        subscription). Binding with a different one deletes what the endpoint holds
+        and replaces it, which is refused while another flow is bound.
+
+        :raises InvalidTopicError: the subscription is invalid or shared.
+        :raises AccessDeniedError: the ACL profile denies subscribing to it, or the
+            client profile does not allow guaranteed receive.
+        :raises StateError: no such endpoint, or it is in use with another subscription.
+        """
+        self._check_open()
+        if not self.client_profile.allow_guaranteed_receive:
+            raise AccessDeniedError(
+                self.username, "bind", endpoint, "client profile does not allow guaranteed receive"
+            )
+        filter = parse_endpoint_subscription(subscription, self.vpn.topic_limits).filter
+        if not self._acl.may_subscribe(filter):
+            self.denied += 1
+            raise AccessDeniedError(self.username, "subscribe", subscription)
+        return await self.node.guaranteed.bind_topic_endpoint(self, endpoint, filter, window)
 
     def _admit(self, topic: str) -> None:
         """First publish to ``topic``: validate it and check the ACL, then remember it."""

@@ -94,3 +94,9 @@ class GuaranteedMessaging(ABC):
     @abstractmethod
     async def bind(self, session: Session, queue: str, window: int) -> Flow:
         """Bind a consumer flow of ``session`` to ``queue``."""
+
+    @abstractmethod
+    async def bind_topic_endpoint(
+        self, session: Session, endpoint: str, subscription: str, window: int
+    ) -> Flow:
+        """Bind a consumer flow to a topic endpoint, giving (or changing) its subscription."""

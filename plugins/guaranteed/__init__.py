@@ -16,7 +16,8 @@ Layers, bottom up:
 * ``_service``: :class:`GuaranteedService`, the node's provisioning, publish and
   bind entry points, and the router that spools matching direct messages.
 
-Not implemented yet: topic endpoints.
+Topic endpoints are queues whose one subscription the consumer names when it binds
+(:meth:`GuaranteedService.create_topic_endpoint`, :meth:`meshbus.Session.bind_topic_endpoint`).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from meshbus import (
     PublishRejectedError,
     Session,
     StateError,
+    parse_endpoint_subscription,
 )
 from meshbus.abc import Flow
 
@@ -50,13 +51,27 @@ _ACK_BATCH = 128
 class Queue:
     """One provisioned queue of one VPN."""
 
-    def __init__(self, service: GuaranteedService, vpn_name: str, settings: QueueSettings) -> None:
+    def __init__(
+        self,
+        service: GuaranteedService,
+        vpn_name: str,
+        settings: QueueSettings,
+        topic_endpoint: bool = False,
+    ) -> None:
         self.service = service
         self.store: SpoolStore = service.store
         self.vpn_name = vpn_name
         self.settings = settings
-        #: The queue's name in the store: VPN names have no '/', so this is unambiguous.
-        self.endpoint = f"{vpn_name}/{settings.name}"
+        #: A topic endpoint takes its one subscription from the consumer at bind time.
+        self.topic_endpoint = topic_endpoint
+        #: The topic endpoint's current subscription (a filter), or ``None`` before the
+        #: first bind; queues keep theirs in ``settings.subscriptions``.
+        self.subscription: str | None = None
+        #: Its name in the store: VPN names have no '/' and queue names no leading '#',
+        #: so neither can collide.
+        self.endpoint = (
+            f"{vpn_name}/#te/{settings.name}" if topic_endpoint else f"{vpn_name}/{settings.name}"
+        )
         self.flows: list[QueueFlow] = []
         self._cursor = 0  # highest message id read from the store into _ready
         self._ready: deque[SpoolEntry] = deque()
@@ -83,6 +98,26 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<Queue {self.endpoint!r} flows={len(self.flows)} in_flight={self._in_flight}>"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Its key in the service's table (topic endpoints apart from queues)."""
+        prefix = "#te/" if self.topic_endpoint else ""
+        return (self.vpn_name, prefix + self.settings.name)
+
+    def filters(self) -> list[str]:
+        """The topic filters that attract messages to it."""
+        if self.topic_endpoint:
+            return [self.subscription] if self.subscription is not None else []
+        return [parse_endpoint_subscription(text).filter for text in self.settings.subscriptions]
+
+    def forget_held(self) -> None:
+        """Drop the read-ahead state (the store's copies were just dropped)."""
+        self._ready.clear()
+        self._returned.clear()
+        self._returned_ids.clear()
+        self._pending_acks.clear()
+        self._pending_ack_bytes = 0
 
     # --- ingress -----------------------------------------------------------------
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 from anyio.abc import TaskStatus
 
 from meshbus import (
@@ -18,6 +21,7 @@ from meshbus import (
     Node,
     PublishRejectedError,
     Session,
+    SpoolError,
     StateError,
     SubscriptionIndex,
     Vpn,
@@ -48,6 +52,7 @@ class GuaranteedService(GuaranteedMessaging):
         self._outbox: list[tuple[NewMessage, list[Queue]]] = []
         self._acks_due: set[Queue] = set()
         self._work = anyio.Event()
+        self._memory_subscriptions: dict[str, str] = {}  # without a data directory
 
     @property
     def store(self) -> SpoolStore:
@@ -91,6 +96,99 @@ class GuaranteedService(GuaranteedMessaging):
         the_vpn.enable_router("guaranteed", len(index) > 0)
         return queue
 
+    def create_topic_endpoint(self, name: str, *, vpn: str = "default", **settings: Any) -> Queue:
+        """Provision a topic endpoint: a queue-like store whose one subscription the
+        consumer gives when it binds (see :meth:`meshbus.Session.bind_topic_endpoint`).
+
+        Takes the settings of :class:`QueueSettings` except ``subscriptions``;
+        ``reject_msg_to_sender_on_discard`` defaults to off, as brokers do for topic
+        endpoints. The subscription last bound is kept in the data directory, so
+        after a restart the endpoint spools again before any consumer binds.
+        """
+        the_vpn = self.node.vpn(vpn)
+        self.store  # noqa: B018 -- raises StateError before the node runs
+        if "subscriptions" in settings:
+            raise ConfigurationError(
+                f"topic endpoint {name!r}: its subscription is given by the consumer at bind"
+            )
+        settings.setdefault("reject_msg_to_sender_on_discard", False)
+        try:
+            wanted = QueueSettings(name, **settings)
+        except TypeError as exc:
+            raise ConfigurationError(f"topic endpoint {name!r}: {exc}") from None
+        existing = self._queues.get((vpn, "#te/" + name))
+        if existing is not None:
+            if existing.settings != wanted:
+                raise StateError(
+                    f"topic endpoint {name!r} exists in VPN {vpn!r} with other settings"
+                )
+            return existing
+        endpoint = Queue(self, vpn, wanted, topic_endpoint=True)
+        self._queues[endpoint.key] = endpoint
+        saved = self._saved_subscriptions().get(endpoint.endpoint)
+        if saved is not None:
+            self._set_subscription(the_vpn, endpoint, saved)
+        return endpoint
+
+    def topic_endpoint(self, name: str, *, vpn: str = "default") -> Queue:
+        """The topic endpoint called ``name``; :class:`StateError` if there is none."""
+        endpoint = self._queues.get((vpn, "#te/" + name))
+        if endpoint is None:
+            raise StateError(f"no topic endpoint {name!r} in VPN {vpn!r}")
+        return endpoint
+
+    async def delete_topic_endpoint(self, name: str, *, vpn: str = "default") -> None:
+        """Unbind its flows, delete its messages and its subscription, and forget it."""
+        endpoint = self.topic_endpoint(name, vpn=vpn)
+        self._forget(endpoint)
+        self._save_subscription(endpoint.endpoint, None)
+        await self.store.drop_endpoint(endpoint.endpoint)
+
+    def _set_subscription(self, vpn: Vpn, endpoint: Queue, topic_filter: str | None) -> None:
+        index = self._indexes.setdefault(vpn.name, SubscriptionIndex())
+        for old in endpoint.filters():
+            index.remove(old, endpoint)
+        endpoint.subscription = topic_filter
+        if topic_filter is not None:
+            index.add(topic_filter, endpoint)
+        vpn.enable_router("guaranteed", len(index) > 0)
+
+    # The subscriptions of topic endpoints outlive the process (they are durable
+    # subscriptions); the spool store holds messages only, so they live in a small
+    # JSON file beside it, or in memory when the node has no data directory.
+
+    def _subscriptions_file(self) -> Path | None:
+        data_dir = self.node.data_dir
+        return data_dir / "topic-endpoints.json" if data_dir is not None else None
+
+    def _saved_subscriptions(self) -> dict[str, str]:
+        path = self._subscriptions_file()
+        if path is None:
+            return self._memory_subscriptions
+        try:
+            loaded = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise SpoolError(f"cannot read topic endpoint subscriptions {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise SpoolError(f"{path} does not hold topic endpoint subscriptions")
+        return {str(k): str(v) for k, v in loaded.items()}
+
+    def _save_subscription(self, endpoint: str, topic_filter: str | None) -> None:
+        saved = dict(self._saved_subscriptions())
+        if topic_filter is None:
+            saved.pop(endpoint, None)
+        else:
+            saved[endpoint] = topic_filter
+        path = self._subscriptions_file()
+        if path is None:
+            self._memory_subscriptions = saved
+            return
+        partial = path.with_suffix(".tmp")
+        partial.write_bytes(orjson.dumps(saved))
+        os.replace(partial, path)  # atomic: a crash leaves the old or the new file
+
     def queue(self, name: str, *, vpn: str = "default") -> Queue:
         """The queue called ``name``; :class:`StateError` if there is none."""
         queue = self._queues.get((vpn, name))
@@ -111,11 +209,11 @@ class GuaranteedService(GuaranteedMessaging):
         for flow in list(queue.flows):
             flow.detach()
         queue.deleted = True
-        del self._queues[(queue.vpn_name, queue.settings.name)]
+        del self._queues[queue.key]
         index = self._indexes.get(queue.vpn_name)
         if index is not None:
-            for text in queue.settings.subscriptions:
-                index.remove(parse_endpoint_subscription(text).filter, queue)
+            for topic_filter in queue.filters():
+                index.remove(topic_filter, queue)
             vpn = self.node.vpns.get(queue.vpn_name)
             if vpn is not None:
                 vpn.enable_router("guaranteed", len(index) > 0)
@@ -232,7 +330,7 @@ class GuaranteedService(GuaranteedMessaging):
     ) -> None:
         self._may_send(session)
         target = self._queues.get((session.vpn.name, queue))
-        if target is None:
+        if target is None or target.topic_endpoint:
             raise PublishRejectedError("no-such-queue", f"queue {queue!r}")
         refusal = target.refusal(len(payload))
         if refusal is not None:
@@ -342,6 +440,37 @@ class GuaranteedService(GuaranteedMessaging):
             raise StateError(f"no queue {queue!r} in VPN {session.vpn.name!r}")
         if not target.settings.egress_enabled:
             raise StateError(f"queue {queue!r} has egress disabled")
+        flow = QueueFlow(target, session, window, self.node.clock.time)
+        target.flows.append(flow)
+        self._flows.setdefault(session, []).append(flow)
+        return flow
+
+    async def bind_topic_endpoint(
+        self, session: Session, endpoint: str, subscription: str, window: int
+    ) -> Flow:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ConfigurationError(f"window must be a positive int, got {window!r}")
+        target = self._queues.get((session.vpn.name, "#te/" + endpoint))
+        if target is None:
+            raise StateError(f"no topic endpoint {endpoint!r} in VPN {session.vpn.name!r}")
+        if not target.settings.egress_enabled:
+            raise StateError(f"topic endpoint {endpoint!r} has egress disabled")
+        if target.subscription != subscription:
+            if target.flows:
+                raise StateError(
+                    f"topic endpoint {endpoint!r} is bound with subscription "
+                    f"{target.subscription!r}; it cannot change while a flow is bound"
+                )
+            # A new subscription means a new stream: what was spooled for the old one
+            # goes, as on a broker. Stop attracting first, purge, then attract anew, so
+            # nothing for the new subscription is spooled and then purged.
+            self._set_subscription(session.vpn, target, None)
+            target.forget_held()
+            await self.store.drop_endpoint(target.endpoint)
+            if target.subscription is not None or target.flows or target.deleted:
+                raise StateError(f"topic endpoint {endpoint!r} changed while binding")
+            self._set_subscription(session.vpn, target, subscription)
+            self._save_subscription(target.endpoint, subscription)
         flow = QueueFlow(target, session, window, self.node.clock.time)
         target.flows.append(flow)
         self._flows.setdefault(session, []).append(flow)
