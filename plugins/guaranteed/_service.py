@@ -263,7 +263,6 @@ class GuaranteedService(GuaranteedMessaging):
         self._may_send(session)
         index = self._indexes.get(session.vpn.name)
         now = self.node.clock.time()
-        ttl = options["ttl"]
         results: list[Exception | None] = []
         records: list[NewMessage] = []
         reserved: list[tuple[Queue, int]] = []  # so later messages of the batch see earlier
@@ -280,17 +279,7 @@ class GuaranteedService(GuaranteedMessaging):
                 queue.reserve(size)
                 reserved.append((queue, size))
             holders.append(accepted)
-            records.append(
-                NewMessage(
-                    topic,
-                    payload,
-                    tuple(q.endpoint for q in accepted),
-                    options["headers"],
-                    options["persistent"],
-                    now + ttl if ttl else None,  # ttl 0: never expires (as in Solace)
-                    now,
-                )
-            )
+            records.append(_record(topic, payload, accepted, options, now))
         for queue, size in reserved:  # the store counts them from the put on
             queue.unreserve(size)
         if records:
@@ -354,18 +343,8 @@ class GuaranteedService(GuaranteedMessaging):
         options: Mapping[str, Any],
         now: float,
     ) -> None:
-        ttl = options["ttl"]
-        record = NewMessage(
-            topic,
-            payload,
-            tuple(q.endpoint for q in queues),
-            options["headers"],
-            options["persistent"],
-            now + ttl if ttl else None,  # ttl 0: never expires (as in Solace)
-            now,
-        )
         # No await between the quota check and the put: the store counts it from here.
-        await self.store.put_many((record,))
+        await self.store.put_many((_record(topic, payload, queues, options, now),))
         for queue in queues:
             queue.stored()
 
@@ -433,28 +412,19 @@ class GuaranteedService(GuaranteedMessaging):
     # --- consuming -----------------------------------------------------------------
 
     async def bind(self, session: Session, queue: str, window: int) -> Flow:
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ConfigurationError(f"window must be a positive int, got {window!r}")
         target = self._queues.get((session.vpn.name, queue))
-        if target is None:
+        if target is None or target.topic_endpoint:
             raise StateError(f"no queue {queue!r} in VPN {session.vpn.name!r}")
-        if not target.settings.egress_enabled:
-            raise StateError(f"queue {queue!r} has egress disabled")
-        flow = QueueFlow(target, session, window, self.node.clock.time)
-        target.flows.append(flow)
-        self._flows.setdefault(session, []).append(flow)
-        return flow
+        return self._attach(target, session, window)
 
     async def bind_topic_endpoint(
         self, session: Session, endpoint: str, subscription: str, window: int
     ) -> Flow:
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ConfigurationError(f"window must be a positive int, got {window!r}")
         target = self._queues.get((session.vpn.name, "#te/" + endpoint))
         if target is None:
             raise StateError(f"no topic endpoint {endpoint!r} in VPN {session.vpn.name!r}")
-        if not target.settings.egress_enabled:
-            raise StateError(f"topic endpoint {endpoint!r} has egress disabled")
+        _check_window(window)
+        _check_egress(target)
         if target.subscription != subscription:
             if target.flows:
                 raise StateError(
@@ -471,6 +441,11 @@ class GuaranteedService(GuaranteedMessaging):
                 raise StateError(f"topic endpoint {endpoint!r} changed while binding")
             self._set_subscription(session.vpn, target, subscription)
             self._save_subscription(target.endpoint, subscription)
+        return self._attach(target, session, window)
+
+    def _attach(self, target: Queue, session: Session, window: int) -> QueueFlow:
+        _check_window(window)
+        _check_egress(target)
         flow = QueueFlow(target, session, window, self.node.clock.time)
         target.flows.append(flow)
         self._flows.setdefault(session, []).append(flow)
@@ -496,3 +471,30 @@ class GuaranteedService(GuaranteedMessaging):
                 flow.detach()
         self._acks_due.update(self._queues.values())
         await self._drain()
+
+
+def _record(
+    topic: str, payload: bytes, queues: Sequence[Queue], options: Mapping[str, Any], now: float
+) -> NewMessage:
+    """What the store keeps of a guaranteed publish held by ``queues``."""
+    ttl = options["ttl"]
+    return NewMessage(
+        topic,
+        payload,
+        tuple(q.endpoint for q in queues),
+        options["headers"],
+        options["persistent"],
+        now + ttl if ttl else None,  # ttl 0: never expires (as in Solace)
+        now,
+    )
+
+
+def _check_window(window: object) -> None:
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ConfigurationError(f"window must be a positive int, got {window!r}")
+
+
+def _check_egress(target: Queue) -> None:
+    if not target.settings.egress_enabled:
+        kind = "topic endpoint" if target.topic_endpoint else "queue"
+        raise StateError(f"{kind} {target.settings.name!r} has egress disabled")
