@@ -304,14 +304,17 @@ class GuaranteedService(GuaranteedMessaging):
     ) -> tuple[list[Queue], PublishRejectedError | None]:
         """The queues that take a message, or the refusal that rejects it to the sender."""
         accepted: list[Queue] = []
+        discarding: list[Queue] = []
         for queue in index.match(topic) if index is not None else ():
             refusal = queue.refusal(size)
             if refusal is None:
                 accepted.append(queue)
             elif queue.settings.reject_msg_to_sender_on_discard:
-                return [], refusal
+                return [], refusal  # given back to the sender: no queue discarded it
             else:
-                queue.discarded += 1
+                discarding.append(queue)
+        for queue in discarding:
+            queue.discarded += 1
         return accepted, None
 
     async def send_to_queue(

@@ -150,6 +150,7 @@ async def test_acks_from_another_task_are_committed_while_receive_waits(
                 with anyio.fail_after(2):
                     while held(node, "q"):
                         await anyio.sleep(0.001)
+                tg.cancel_scope.cancel()
 
 
 async def test_an_ack_from_another_flow_is_refused(data_dir: Path | None) -> None:
@@ -656,3 +657,22 @@ async def test_restart_keeps_counting_against_the_quota(tmp_path: Path) -> None:
         with pytest.raises(PublishRejectedError) as info:
             await node.connect().send_to_queue("q", b"x")
         assert (info.value.reason, info.value.limit, info.value.size) == ("over-quota", 2, 3)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="TTL is only checked when a flow is about to hand a message out: with no "
+    "consumer, an expired message stays in the queue (and in its quota) forever",
+)
+async def test_expired_messages_leave_the_queue_without_a_consumer() -> None:
+    clock = ManualClock()
+    async with Node(plugins=PLUGINS, clock=clock) as node:
+        svc = service(node)
+        svc.create_queue("q", respect_ttl=True, dead_message_queue="dmq")
+        svc.create_queue("dmq")
+        await node.connect().send_to_queue("q", b"x", ttl=1)
+        clock.advance(2)
+        with anyio.move_on_after(0.2):
+            while held(node, "dmq") == 0:
+                await anyio.sleep(0.005)
+        assert (held(node, "q"), held(node, "dmq")) == (0, 1)

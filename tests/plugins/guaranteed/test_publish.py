@@ -243,9 +243,12 @@ async def test_topic_publish_rejected_when_a_rejecting_queue_cannot_take_it(
 ) -> None:
     async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
         svc = service(node)
+        # matched before the rejecting queue: it must not count a discard for nothing
+        lenient = svc.create_queue(
+            "lenient", subscriptions=["t/>"], max_messages=1, reject_msg_to_sender_on_discard=False
+        )
         svc.create_queue("roomy", subscriptions=["t/>"])
         full = svc.create_queue("full", subscriptions=["t/>"], max_messages=1)
-        svc.create_queue("lenient", subscriptions=["t/>"], reject_msg_to_sender_on_discard=False)
         sub = node.connect()
         sub.subscribe("t/>")
         s = node.connect()
@@ -261,7 +264,8 @@ async def test_topic_publish_rejected_when_a_rejecting_queue_cannot_take_it(
         assert svc.store.statistics() == before
         assert held(node, "roomy") == held(node, "full") == held(node, "lenient") == (1, 5)
         assert await drain(sub) == []
-        assert full.discarded == 0
+        # The sender got it back: no queue counts it as discarded.
+        assert full.discarded == lenient.discarded == 0
 
 
 async def test_topic_publish_over_a_queue_max_message_size_is_rejected() -> None:
@@ -722,3 +726,21 @@ async def test_send_on_a_closed_session_raises_state_error(data_dir: Path | None
             with pytest.raises(StateError):
                 await attempt
         assert held(node, "q") == (1, 20)
+
+
+# --- known gaps (reported; strict so that a fix shows up) ----------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the spool store keeps no sender, reply_to or correlation_id: queue consumers "
+    "cannot reply to a guaranteed request",
+)
+async def test_queue_consumers_see_sender_reply_to_and_correlation_id() -> None:
+    async with Node(plugins=PLUGINS) as node:
+        service(node).create_queue("q", subscriptions=["t/>"])
+        s = node.connect(client_name="requester")
+        await s.send("t/1", b"x", reply_to="replies/1", correlation_id="c1")
+        async with await s.bind("q") as flow:
+            m = await receive(flow)
+        assert (m.sender, m.reply_to, m.correlation_id) == ("requester", "replies/1", "c1")
