@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,13 @@ from ._topics import (
     parse_subscription,
     validate_topic,
 )
-from .errors import AccessDeniedError, InvalidTopicError, LimitExceededError, StateError
+from .errors import (
+    AccessDeniedError,
+    InvalidTopicError,
+    LimitExceededError,
+    PublishRejectedError,
+    StateError,
+)
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -534,6 +541,10 @@ def _send_options(
     reply_to: str | None,
     correlation_id: str | None,
 ) -> dict[str, Any]:
+    if ttl is not None and (
+        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 <= ttl < math.inf
+    ):
+        raise PublishRejectedError("invalid-ttl", f"ttl must be a finite number >= 0, not {ttl!r}")
     return {
         "persistent": persistent,
         "headers": dict(headers) if headers else {},

@@ -225,19 +225,22 @@ class Vpn:
 
     # --- per message --------------------------------------------------------------
 
-    def dispatch(self, envelope: Envelope) -> None:
+    def dispatch(self, envelope: Envelope, *, count_unmatched: bool = True) -> None:
         """Route one message through every router of the VPN.
 
         Publishes made while routing (by inline handlers) are queued and routed
         afterwards, so every subscriber sees each publisher's messages in order.
         :meth:`Session.publish` inlines this for speed; keep the two in step.
+
+        :param count_unmatched: count the message in ``unmatched`` when no router
+            delivered it (``False`` when something else, such as a queue, already took it).
         """
         if self._busy:
             self._pending.append(envelope.copy())
             return
         self._busy = True
         try:
-            if not self._route(envelope):
+            if not self._route(envelope) and count_unmatched:
                 self.unmatched += 1
             if self._pending:
                 self._drain()

@@ -398,11 +398,18 @@ class QueueFlow(Flow):
 
 def _to_message(entry: SpoolEntry, queue: Queue) -> Message:
     stored = entry.message
+    headers = dict(stored.headers)
+    meta = headers.pop("#meshbus", None)  # the service's reserved header (META_HEADER)
+    if not isinstance(meta, dict):
+        meta = {}
     return Message(
         stored.topic,
         stored.payload,
         DeliveryMode.PERSISTENT if stored.persistent else DeliveryMode.NON_PERSISTENT,
-        stored.headers,
+        headers,
+        reply_to=meta.get("reply_to"),
+        correlation_id=meta.get("correlation_id"),
+        sender=meta.get("sender"),
         timestamp=stored.published_at,
         redelivered=entry.delivery_count > 0,
         message_id=stored.id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,8 @@ from ._settings import MAX_MESSAGE_SIZE, QueueSettings
 from ._store import NewMessage, SpoolStore
 
 __all__ = ["GuaranteedService"]
+
+log = logging.getLogger("meshbus.guaranteed")
 
 QUEUE_TOPIC_PREFIX = "#P2P/QUE/"
 """Topic given to messages published to a queue by name (as brokers name it)."""
@@ -238,7 +241,7 @@ class GuaranteedService(GuaranteedMessaging):
             raise refusal  # nothing was stored anywhere yet
         now = self.node.clock.time()
         if accepted:
-            await self._spool(accepted, topic, payload, options, now)
+            await self._spool(accepted, topic, payload, _with_meta(options, session), now)
         # Client subscriptions get it too, as a direct message (SPEC 4).
         message = Message(
             topic,
@@ -251,7 +254,7 @@ class GuaranteedService(GuaranteedMessaging):
             sender=session.client_name,
             timestamp=now,
         )
-        session.vpn.dispatch(Envelope(message, session, spooled=True))
+        session.vpn.dispatch(Envelope(message, session, spooled=True), count_unmatched=not accepted)
 
     async def send_many(
         self,
@@ -279,7 +282,7 @@ class GuaranteedService(GuaranteedMessaging):
                 queue.reserve(size)
                 reserved.append((queue, size))
             holders.append(accepted)
-            records.append(_record(topic, payload, accepted, options, now))
+            records.append(_record(topic, payload, accepted, _with_meta(options, session), now))
         for queue, size in reserved:  # the store counts them from the put on
             queue.unreserve(size)
         if records:
@@ -296,7 +299,9 @@ class GuaranteedService(GuaranteedMessaging):
                     sender=session.client_name,
                     timestamp=now,
                 )
-                session.vpn.dispatch(Envelope(message, session, spooled=True))
+                session.vpn.dispatch(
+                    Envelope(message, session, spooled=True), count_unmatched=False
+                )
         return results
 
     def _accepting(
@@ -328,7 +333,9 @@ class GuaranteedService(GuaranteedMessaging):
         if refusal is not None:
             raise refusal
         now = self.node.clock.time()
-        await self._spool([target], QUEUE_TOPIC_PREFIX + queue, payload, options, now)
+        await self._spool(
+            [target], QUEUE_TOPIC_PREFIX + queue, payload, _with_meta(options, session), now
+        )
 
     def _may_send(self, session: Session) -> None:
         if session.closed:
@@ -376,7 +383,12 @@ class GuaranteedService(GuaranteedMessaging):
                             message.topic,
                             message.payload,
                             tuple(q.endpoint for q in accepted),
-                            dict(message.headers),
+                            {
+                                **message.headers,
+                                META_HEADER: _meta(
+                                    message.sender, message.reply_to, message.correlation_id
+                                ),
+                            },
                             False,
                             None,
                             message.timestamp,
@@ -405,12 +417,25 @@ class GuaranteedService(GuaranteedMessaging):
             for record, queues in batch:  # the store counts them from the put on
                 for queue in queues:
                     queue.unreserve(len(record.payload))
-            await self.store.put_many([record for record, _ in batch])
+            try:
+                await self.store.put_many([record for record, _ in batch])
+            except Exception:
+                # Direct messages were never acknowledged to anyone: losing them is
+                # allowed, taking the node down is not. Count them and carry on.
+                log.exception("spooling %d direct message(s) failed; discarded", len(batch))
+                for _, queues in batch:
+                    for queue in queues:
+                        queue.discarded += 1
+                continue
             for _, queues in batch:
                 for queue in queues:
                     queue.stored()
         while self._acks_due:
-            await self._acks_due.pop().flush_acks()
+            queue = self._acks_due.pop()
+            try:
+                await queue.flush_acks()
+            except Exception:  # the acks stay pending in the queue and are retried
+                log.exception("committing acks of queue %r failed", queue.endpoint)
 
     # --- consuming -----------------------------------------------------------------
 
@@ -474,6 +499,24 @@ class GuaranteedService(GuaranteedMessaging):
                 flow.detach()
         self._acks_due.update(self._queues.values())
         await self._drain()
+
+
+#: Reserved header under which the spool keeps what a Message carries outside its
+#: headers (sender, reply-to, correlation id); consumers never see it.
+META_HEADER = "#meshbus"
+
+
+def _meta(sender: str | None, reply_to: str | None, correlation_id: str | None) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in (("sender", sender), ("reply_to", reply_to), ("correlation_id", correlation_id))
+        if v is not None
+    }
+
+
+def _with_meta(options: Mapping[str, Any], session: Session) -> dict[str, Any]:
+    meta = _meta(session.client_name, options["reply_to"], options["correlation_id"])
+    return {**options, "headers": {**options["headers"], META_HEADER: meta}}
 
 
 def _record(

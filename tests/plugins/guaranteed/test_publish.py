@@ -22,6 +22,7 @@ from meshbus import (
     Node,
     PublishRejectedError,
     Session,
+    SpoolError,
     StateError,
 )
 from meshbus.abc import Flow
@@ -731,16 +732,65 @@ async def test_send_on_a_closed_session_raises_state_error(data_dir: Path | None
 # --- known gaps (reported; strict so that a fix shows up) ----------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the spool store keeps no sender, reply_to or correlation_id: queue consumers "
-    "cannot reply to a guaranteed request",
-)
-async def test_queue_consumers_see_sender_reply_to_and_correlation_id() -> None:
-    async with Node(plugins=PLUGINS) as node:
+async def test_queue_consumers_see_sender_reply_to_and_correlation_id(
+    data_dir: Path | None,
+) -> None:
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
         service(node).create_queue("q", subscriptions=["t/>"])
         s = node.connect(client_name="requester")
-        await s.send("t/1", b"x", reply_to="replies/1", correlation_id="c1")
+        await s.send("t/1", b"x", reply_to="replies/1", correlation_id="c1", headers={"k": 1})
+        await s.send_to_queue("q", b"y", correlation_id="c2")
+        s.publish("t/2", b"z", reply_to="replies/2")  # direct, spooled as non-persistent
         async with await s.bind("q") as flow:
-            m = await receive(flow)
-        assert (m.sender, m.reply_to, m.correlation_id) == ("requester", "replies/1", "c1")
+            got = [await receive(flow) for _ in range(3)]
+        assert [(m.sender, m.reply_to, m.correlation_id, dict(m.headers)) for m in got] == [
+            ("requester", "replies/1", "c1", {"k": 1}),  # the reserved header is not shown
+            ("requester", None, "c2", {}),
+            ("requester", "replies/2", None, {}),
+        ]
+
+
+async def test_an_invalid_ttl_is_rejected_and_nothing_is_stored() -> None:
+    async with Node(plugins=PLUGINS) as node:
+        service(node).create_queue("q", subscriptions=["t/>"])
+        s = node.connect()
+        for ttl in (-1, float("nan"), float("inf"), "10", True):
+            with pytest.raises(PublishRejectedError) as info:
+                await s.send("t/1", b"x", ttl=ttl)  # type: ignore[arg-type]
+            assert info.value.reason == "invalid-ttl"
+        assert held(node, "q") == (0, 0)
+
+
+async def test_a_message_a_queue_took_is_not_counted_unmatched() -> None:
+    async with Node(plugins=PLUGINS) as node:
+        service(node).create_queue("q", subscriptions=["t/>"])
+        s = node.connect()
+        await s.send("t/1", b"held by the queue")
+        await s.send_many([("t/2", b"also held")])
+        assert node.vpn().statistics().unmatched == 0
+        await s.send("nowhere/1", b"no queue, no subscriber")
+        assert node.vpn().statistics().unmatched == 1
+
+
+async def test_a_failing_store_discards_spooled_direct_messages_but_the_node_lives(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with Node(plugins=PLUGINS) as node:
+        q = service(node).create_queue("q", subscriptions=["t/>"])
+        store = q.store
+        real_put_many = store.put_many
+
+        async def broken(messages: object) -> list[int]:
+            raise SpoolError("disk on fire")
+
+        store.put_many = broken  # type: ignore[method-assign]
+        s = node.connect()
+        s.publish("t/1", b"lost, as a direct message may be")
+        with anyio.fail_after(2):
+            while q.discarded == 0:
+                await anyio.sleep(0.001)
+        store.put_many = real_put_many  # type: ignore[method-assign]
+        s.publish("t/2", b"spooled again")
+        async with await s.bind("q") as flow:
+            assert (await receive(flow)).payload == b"spooled again"
+        assert "spooling 1 direct message(s) failed" in caplog.text
