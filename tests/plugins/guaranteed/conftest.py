@@ -28,3 +28,9 @@ async def store(make_store: StoreFactory, anyio_backend: object) -> AsyncIterato
     async with make_store() as opened:
         yield opened
         await opened.check()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    """``None`` runs the node on a MemoryStore, a directory on a SqliteStore."""
+    return tmp_path / "data" if request.param == "sqlite" else None

@@ -23,39 +23,13 @@ from meshbus import (
     Session,
     StateError,
 )
-from meshbus.abc import Flow
-from meshbus.plugins.guaranteed._service import GuaranteedService
 
-PLUGINS = ["direct", "shared", "eliding", "guaranteed"]
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    """``None`` runs the node on a MemoryStore, a directory on a SqliteStore."""
-    return tmp_path / "data" if request.param == "sqlite" else None
-
-
-def service(node: Node) -> GuaranteedService:
-    svc = node.guaranteed
-    assert isinstance(svc, GuaranteedService)
-    return svc
+from ._helpers import PLUGINS, nothing_for, receive, service
 
 
 def held(node: Node, queue: str) -> int:
     """Messages the store holds for ``queue``."""
     return service(node).store.stats(f"default/{queue}").messages
-
-
-async def receive(flow: Flow, timeout: float = 2) -> Message:
-    with anyio.fail_after(timeout):
-        return await flow.receive()
-
-
-async def nothing_for(flow: Flow, seconds: float = 0.05) -> None:
-    """Assert no message arrives on ``flow`` for a short while."""
-    with anyio.move_on_after(seconds):
-        message = await flow.receive()
-        pytest.fail(f"unexpected {message!r}")
 
 
 async def fill(session: Session, queue: str, count: int, start: int = 0) -> None:

@@ -25,26 +25,12 @@ from meshbus import (
     SpoolError,
     StateError,
 )
-from meshbus.abc import Flow
 from meshbus.plugins.guaranteed._queue import Queue
-from meshbus.plugins.guaranteed._service import GuaranteedService
 from meshbus.plugins.guaranteed._settings import MAX_MESSAGE_SIZE
 from meshbus.plugins.guaranteed._sqlite import SqliteStore
 from meshbus.plugins.guaranteed._store import SpoolStore
 
-PLUGINS = ["direct", "shared", "eliding", "guaranteed"]
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    """``None`` runs the node on a MemoryStore, a directory on a SqliteStore."""
-    return tmp_path / "data" if request.param == "sqlite" else None
-
-
-def service(node: Node) -> GuaranteedService:
-    svc = node.guaranteed
-    assert isinstance(svc, GuaranteedService)
-    return svc
+from ._helpers import PLUGINS, nothing_for, receive, service
 
 
 def held(node: Node, queue: str) -> tuple[int, int]:
@@ -55,18 +41,6 @@ def held(node: Node, queue: str) -> tuple[int, int]:
 
 def records(store: SpoolStore) -> int:
     return store.statistics().records
-
-
-async def receive(flow: Flow, timeout: float = 2) -> Message:
-    with anyio.fail_after(timeout):
-        return await flow.receive()
-
-
-async def nothing_for(flow: Flow, seconds: float = 0.05) -> None:
-    """Assert no message arrives on ``flow`` for a short while."""
-    with anyio.move_on_after(seconds):
-        message = await flow.receive()
-        pytest.fail(f"unexpected {message!r}")
 
 
 async def drain(session: Session) -> list[Message]:

@@ -18,23 +18,9 @@ from meshbus import (
     TopicLimits,
 )
 from meshbus.plugins.guaranteed._queue import Queue
-from meshbus.plugins.guaranteed._service import GuaranteedService
 from meshbus.plugins.guaranteed._settings import MAX_MESSAGE_SIZE, AccessType, QueueSettings
 
-PLUGINS = ["direct", "shared", "eliding", "guaranteed"]
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    """``None`` runs the node on a MemoryStore, a directory on a SqliteStore."""
-    return tmp_path / "data" if request.param == "sqlite" else None
-
-
-def service(node: Node) -> GuaranteedService:
-    svc = node.guaranteed
-    assert isinstance(svc, GuaranteedService)
-    return svc
-
+from ._helpers import PLUGINS, service
 
 # --- settings ---------------------------------------------------------------------------
 

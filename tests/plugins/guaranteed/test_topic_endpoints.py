@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyio
 import pytest
 
 from meshbus import (
@@ -12,25 +11,14 @@ from meshbus import (
     AclProfile,
     ConfigurationError,
     InvalidTopicError,
-    Message,
     Node,
     PublishRejectedError,
     StateError,
 )
-from meshbus.abc import Flow
+
+from ._helpers import receive
 
 PLUGINS = ["direct", "guaranteed"]
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    """``None`` runs the node on a MemoryStore, a directory on a SqliteStore."""
-    return tmp_path / "data" if request.param == "sqlite" else None
-
-
-async def receive(flow: Flow) -> Message:
-    with anyio.fail_after(2):
-        return await flow.receive()
 
 
 async def test_spools_only_once_a_consumer_named_the_subscription(data_dir: Path | None) -> None:
