@@ -123,42 +123,49 @@ async def meshbus_node(workdir: Path) -> AsyncIterator[tuple[Node, Session, Any]
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-async def meshbus_send_many(workdir: Path, data: list[bytes], tasks: int = 8) -> Run:
+async def _fan_out(
+    workdir: Path,
+    data: list[bytes],
+    tasks: int,
+    publisher: Callable[[Session], Callable[[list[bytes]], Awaitable[None]]],
+) -> Run:
+    """Split ``data`` over ``tasks`` tasks each running ``publisher(session)``; time it
+    and check the queue holds every message."""
     async with meshbus_node(workdir) as (node, session, queue):
         share = len(data) // tasks
+        publish = publisher(session)
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for n in range(tasks):
+                tg.start_soon(publish, data[n * share : (n + 1) * share])
+        elapsed = time.perf_counter() - t0
+        store = node.guaranteed.store
+        assert store.stats(queue.endpoint).messages == share * tasks
+        return Run(share * tasks, elapsed, stats=store.statistics())
 
+
+async def meshbus_send_many(workdir: Path, data: list[bytes], tasks: int = 8) -> Run:
+    def publisher(session: Session) -> Callable[[list[bytes]], Awaitable[None]]:
         async def publish(chunk: list[bytes]) -> None:
             for i in range(0, len(chunk), 100):
                 results = await session.send_many([(TOPIC, p) for p in chunk[i : i + 100]])
                 assert not any(results), results
 
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for n in range(tasks):
-                tg.start_soon(publish, data[n * share : (n + 1) * share])
-        elapsed = time.perf_counter() - t0
-        store = node.guaranteed.store
-        assert store.stats(queue.endpoint).messages == share * tasks
-        return Run(share * tasks, elapsed, stats=store.statistics())
+        return publish
+
+    return await _fan_out(workdir, data, tasks, publisher)
 
 
 async def meshbus_send(workdir: Path, data: list[bytes], tasks: int = 64) -> Run:
-    async with meshbus_node(workdir) as (node, session, queue):
-        share = len(data) // tasks
-
+    def publisher(session: Session) -> Callable[[list[bytes]], Awaitable[None]]:
         async def publish(chunk: list[bytes]) -> None:
             send = session.send
             for payload in chunk:
                 await send(TOPIC, payload)
 
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for n in range(tasks):
-                tg.start_soon(publish, data[n * share : (n + 1) * share])
-        elapsed = time.perf_counter() - t0
-        store = node.guaranteed.store
-        assert store.stats(queue.endpoint).messages == share * tasks
-        return Run(share * tasks, elapsed, stats=store.statistics())
+        return publish
+
+    return await _fan_out(workdir, data, tasks, publisher)
 
 
 async def meshbus_e2e(workdir: Path, data: list[bytes]) -> Run:
