@@ -33,7 +33,7 @@ from meshbus import (
 )
 from meshbus.abc import Flow
 
-from ._settings import AccessType, QueueSettings
+from ._settings import META_HEADER, AccessType, QueueSettings
 from ._store import NewMessage, SpoolEntry, SpoolStore, StoredMessage
 
 if TYPE_CHECKING:
@@ -399,7 +399,7 @@ class QueueFlow(Flow):
 def _to_message(entry: SpoolEntry, queue: Queue) -> Message:
     stored = entry.message
     headers = dict(stored.headers)
-    meta = headers.pop("#meshbus", None)  # the service's reserved header (META_HEADER)
+    meta = headers.pop(META_HEADER, None)
     if not isinstance(meta, dict):
         meta = {}
     return Message(

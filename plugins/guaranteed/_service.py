@@ -31,7 +31,7 @@ from meshbus import (
 from meshbus.abc import Flow, GuaranteedMessaging
 
 from ._queue import Queue, QueueFlow
-from ._settings import MAX_MESSAGE_SIZE, QueueSettings
+from ._settings import MAX_MESSAGE_SIZE, META_HEADER, QueueSettings
 from ._store import NewMessage, SpoolStore
 
 __all__ = ["GuaranteedService"]
@@ -499,11 +499,6 @@ class GuaranteedService(GuaranteedMessaging):
                 flow.detach()
         self._acks_due.update(self._queues.values())
         await self._drain()
-
-
-#: Reserved header under which the spool keeps what a Message carries outside its
-#: headers (sender, reply-to, correlation id); consumers never see it.
-META_HEADER = "#meshbus"
 
 
 def _meta(sender: str | None, reply_to: str | None, correlation_id: str | None) -> dict[str, Any]:

@@ -9,10 +9,15 @@ import attrs
 
 from meshbus import ConfigurationError, InvalidTopicError, parse_endpoint_subscription
 
-__all__ = ["MAX_MESSAGE_SIZE", "AccessType", "QueueSettings"]
+__all__ = ["MAX_MESSAGE_SIZE", "META_HEADER", "AccessType", "QueueSettings"]
 
 #: The largest message the bus takes unless a queue says less (SPEC 4: 30 MB).
 MAX_MESSAGE_SIZE = 30 * 1024 * 1024
+
+
+#: Reserved header under which the spool keeps what a Message carries outside its
+#: headers (sender, reply-to, correlation id); consumers never see it.
+META_HEADER = "#meshbus"
 
 
 class AccessType(enum.Enum):
