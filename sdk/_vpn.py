@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Vpn"]
 
-AUTHENTICATION_SCHEMES = ("none", "basic")
+AUTHENTICATION_SCHEMES = ("none", "basic", "client-certificate")
 
 
 class Vpn:
@@ -39,7 +39,9 @@ class Vpn:
     Each VPN starts with a client profile, an ACL profile and a client
     username all named ``"default"`` that allow everything. With
     ``authentication="none"`` an unknown username logs in as ``"default"``;
-    with ``"basic"`` only configured usernames with the right password do.
+    with ``"basic"`` only configured usernames with the right password do; with
+    ``"client-certificate"`` only configured usernames whose name is the common
+    name of the TLS client certificate the listener verified (remote sessions).
     """
 
     def __init__(
@@ -140,7 +142,9 @@ class Vpn:
 
     # --- sessions ----------------------------------------------------------------
 
-    def _login(self, username: str, password: str | None) -> ClientUsername:
+    def _login(
+        self, username: str, password: str | None, certificate_name: str | None
+    ) -> ClientUsername:
         user = self.node.plugins.authenticate(self, username, password)
         if user is not None:
             return user
@@ -149,6 +153,14 @@ class Vpn:
             user = known if known is not None else self._users["default"]
         elif known is None:
             raise AuthenticationError(username, f"unknown username in VPN {self.name!r}")
+        elif self.authentication == "client-certificate":
+            if certificate_name is None:
+                raise AuthenticationError(username, "VPN requires a client certificate")
+            if certificate_name != username:
+                raise AuthenticationError(
+                    username, f"client certificate is for {certificate_name!r}"
+                )
+            user = known
         elif (
             password is None
             or known.password_hash is None
@@ -169,8 +181,13 @@ class Vpn:
         client_name: str | None = None,
         no_local: bool = False,
         on_message: MessageHandler | None = None,
+        certificate_name: str | None = None,
     ) -> Session:
-        """Log in and open a session (see :meth:`meshbus.Node.connect`)."""
+        """Log in and open a session (see :meth:`meshbus.Node.connect`).
+
+        :param certificate_name: the common name of a client certificate that a
+            listener verified (for ``authentication="client-certificate"``).
+        """
         if self.removed:
             raise StateError(f"VPN {self.name!r} was removed")
         if not self.node.running:
@@ -182,7 +199,7 @@ class Vpn:
         if client_name in self._sessions:
             raise StateError(f"client name {client_name!r} is already in use in VPN {self.name!r}")
         try:
-            user = self._login(username, password)
+            user = self._login(username, password, certificate_name)
             acl = self._acl_profiles.get(user.acl_profile)
             profile = self._client_profiles.get(user.client_profile)
             if acl is None or profile is None:

@@ -1,2 +1,49 @@
-"""Transports (memory, TCP, TLS, compression) for links between nodes and remote
-sessions. Empty in this release: links arrive with the transports work (SPEC 10)."""
+"""Transports: links between processes, and remote sessions over them (SPEC 10).
+
+Layered from the bottom up: a byte stream (memory pair, TCP, TLS) → optional
+compression → length-prefixed frames → a codec (JSON headers, raw payloads) →
+the sans-IO :class:`LinkProtocol`. On top: :func:`start_server` serves a node's
+sessions to other processes, and :func:`connect` opens a :class:`RemoteSession`
+with the same calls as an in-process :class:`meshbus.Session`.
+"""
+
+from __future__ import annotations
+
+from ._client import Backoff, RemoteFlow, RemoteSession, connect
+from ._framing import FrameDecoder, FrameKind, encode_frame
+from ._protocol import PROTOCOL_VERSION, LinkProtocol, LinkState, Role
+from ._server import Server, ServerStatistics, start_server
+from ._settings import (
+    DEFAULT_PORT,
+    DEFAULT_TLS_PORT,
+    MAX_FRAME_SIZE,
+    ListenerSettings,
+    TlsSettings,
+)
+from ._streams import MemoryByteStream, connect_stream, memory_stream_pair, parse_url
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_TLS_PORT",
+    "MAX_FRAME_SIZE",
+    "PROTOCOL_VERSION",
+    "Backoff",
+    "FrameDecoder",
+    "FrameKind",
+    "LinkProtocol",
+    "LinkState",
+    "ListenerSettings",
+    "MemoryByteStream",
+    "RemoteFlow",
+    "RemoteSession",
+    "Role",
+    "Server",
+    "ServerStatistics",
+    "TlsSettings",
+    "connect",
+    "connect_stream",
+    "encode_frame",
+    "memory_stream_pair",
+    "parse_url",
+    "start_server",
+]

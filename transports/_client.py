@@ -1,0 +1,894 @@
+"""Remote sessions: the :class:`~meshbus.Session` API, served by a node in another process.
+
+``async with connect("tcp://127.0.0.1:55555") as session:`` logs in and keeps
+the session alive: when the connection drops it reconnects with exponential
+backoff (1 s doubling to 2 min, jittered, without limit), logs in again and
+restores its subscriptions and flows. While it is away, direct publishes are
+dropped and counted (direct messaging is at most once); guaranteed sends wait
+and are sent again once it is back (at least once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextlib import AsyncExitStack, suppress
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from meshbus._egress import Egress
+from meshbus._messages import Message
+from meshbus._topics import parse_subscription, validate_topic
+from meshbus.abc import Flow
+from meshbus.errors import (
+    AccessDeniedError,
+    AuthenticationError,
+    InvalidTopicError,
+    LimitExceededError,
+    MeshbusError,
+    ProtocolError,
+    PublishRejectedError,
+    StateError,
+    TransportError,
+)
+
+from ._codec import decode_deliver, decode_flow_deliver, encode_publish
+from ._compression import ALGORITHMS
+from ._connection import Connection, unwrap_errors
+from ._framing import FrameKind
+from ._protocol import LinkProtocol, LinkState, Role
+from ._settings import MAX_FRAME_SIZE, TlsSettings
+from ._streams import connect_stream
+
+__all__ = ["Backoff", "RemoteFlow", "RemoteSession", "connect"]
+
+log = logging.getLogger("meshbus.transports")
+
+K = FrameKind
+_DELIVER = int(K.DELIVER)
+_FLOW_DELIVER = int(K.FLOW_DELIVER)
+_OK = int(K.OK)
+_ERROR = int(K.ERROR)
+MessageHandler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
+
+
+class Backoff:
+    """Reconnect delays: ``initial`` doubling to ``maximum``, each with random jitter.
+
+    The jitter (up to ``jitter`` of the delay, either way) keeps many clients cut off
+    together from coming back together.
+    """
+
+    def __init__(
+        self,
+        initial: float = 1.0,
+        maximum: float = 120.0,
+        jitter: float = 0.2,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.jitter = jitter
+        self._rng = rng or random.Random()
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        """The delay before the next attempt (and count the attempt)."""
+        base = min(self.maximum, self.initial * 2.0 ** min(self.attempt, 64))
+        self.attempt += 1
+        return base * (1 + self._rng.uniform(-self.jitter, self.jitter))
+
+    def reset(self) -> None:
+        """Start again from ``initial`` (after a successful login)."""
+        self.attempt = 0
+
+
+_CODES: dict[str, type[MeshbusError]] = {
+    "invalid-topic": InvalidTopicError,
+    "access-denied": AccessDeniedError,
+    "rejected": PublishRejectedError,
+    "limit-exceeded": LimitExceededError,
+    "state": StateError,
+    "protocol": ProtocolError,
+}
+
+
+def _error_from(header: dict[str, Any]) -> MeshbusError:
+    """The error an ERROR frame stands for, as the class the node raised."""
+    code = header.get("error")
+    message = str(header.get("message", "request failed"))
+    cls = _CODES.get(code, MeshbusError) if isinstance(code, str) else MeshbusError
+    if cls is PublishRejectedError:
+        reason = header.get("reason")
+        return PublishRejectedError(reason if isinstance(reason, str) else "rejected", message)
+    error: MeshbusError = cls.__new__(cls)
+    Exception.__init__(error, message)
+    return error
+
+
+class _Request:
+    __slots__ = ("done", "frame", "result")
+
+    def __init__(self, frame: tuple[FrameKind, dict[str, Any], bytes]) -> None:
+        self.frame = frame
+        self.done = anyio.Event()
+        self.result: dict[str, Any] | MeshbusError | None = None
+
+
+class RemoteFlow(Flow):
+    """A flow bound over a connection; see :meth:`RemoteSession.bind`."""
+
+    def __init__(self, session: RemoteSession, bind: dict[str, Any], window: int) -> None:
+        self._session = session
+        self._bind = bind
+        self.window = window
+        self.number = 0  # the node's number for it on the current connection
+        self._messages: deque[Message] = deque()
+        self._arrived = anyio.Event()
+        self._delivered: set[int] = set()  # ids handed out on the current connection
+        self.unbound = False
+
+    def _push(self, message: Message) -> None:
+        self._messages.append(message)
+        self._arrived.set()
+
+    def _rebound(self, number: int) -> None:
+        # The node gave back what was unacknowledged on the old connection: it comes again.
+        self.number = number
+        self._messages.clear()
+        self._delivered.clear()
+
+    async def receive(self) -> Message:
+        while not self._messages:
+            if self.unbound:
+                raise StateError(f"flow on {self._bind.get('queue') or self._bind['endpoint']!r}")
+            self._arrived = anyio.Event()
+            await self._arrived.wait()
+        message = self._messages.popleft()
+        assert message.message_id is not None
+        self._delivered.add(message.message_id)
+        return message
+
+    def ack(self, message: Message) -> None:
+        message_id = message.message_id
+        if message_id is None or message_id not in self._delivered:
+            # From before a reconnect: the node redelivers it; nothing to ack here.
+            if message_id is not None and self.number:
+                return
+            raise StateError(f"message {message_id!r} is not unacknowledged on this flow")
+        self._delivered.discard(message_id)
+        self._session._send_frame(K.ACK, {"flow": self.number, "ids": [message_id]})
+
+    async def unbind(self) -> None:
+        if self.unbound:
+            return
+        self.unbound = True
+        self._arrived.set()
+        session = self._session
+        session._flows.pop(self.number, None)
+        session._flow_list.remove(self)
+        if session._connected:
+            with contextlib.suppress(StateError, TransportError):  # the node dropped it already
+                await session._request(K.UNBIND, {"flow": self.number})
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except StateError:
+            if self.unbound:
+                raise StopAsyncIteration from None
+            raise
+
+
+class RemoteSession:
+    """A session on a node reached over the network: the same calls as :class:`meshbus.Session`.
+
+    Use it as ``async with connect(url, ...) as session:``; see :func:`connect`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        vpn: str = "default",
+        username: str | None = None,
+        password: str | None = None,
+        client_name: str | None = None,
+        no_local: bool = False,
+        tls: TlsSettings | None = None,
+        compression: bool = False,
+        on_message: MessageHandler | None = None,
+        reconnect: bool = True,
+        backoff: Backoff | None = None,
+        connect_timeout: float = 10.0,
+        max_buffered_messages: int = 100_000,
+        max_buffered_bytes: int = 64 * 1024 * 1024,
+        max_send_buffer: int = 16 * 1024 * 1024,
+        max_frame_size: int = MAX_FRAME_SIZE,
+    ) -> None:
+        self.url = url
+        self.vpn = vpn
+        self.username = username
+        self._password = password
+        self._requested_name = client_name
+        self.client_name: str | None = client_name
+        self.no_local = no_local
+        self.tls = tls
+        self.compression = compression
+        self.reconnect = reconnect
+        self.backoff = backoff or Backoff()
+        self.connect_timeout = connect_timeout
+        self.max_send_buffer = max_send_buffer
+        self.max_frame_size = max_frame_size
+        self._egress = Egress(max_buffered_messages, max_buffered_bytes)
+        self._handler: Callable[[Message], None] | None = None
+        self._async_handler: Callable[[Message], Awaitable[None]] | None = None
+        if on_message is not None:
+            if not callable(on_message):
+                raise TypeError(f"on_message must be callable, got {on_message!r}")
+            if inspect.iscoroutinefunction(on_message):
+                self._async_handler = on_message
+            else:
+                self._handler = on_message  # type: ignore[assignment]
+        self._subscriptions: dict[str, None] = {}
+        self._requests: dict[int, _Request] = {}
+        self._ids = itertools.count(1)
+        self._flows: dict[int, RemoteFlow] = {}
+        self._flow_list: list[RemoteFlow] = []
+        self._connection: Connection | None = None
+        self._protocol: LinkProtocol | None = None
+        self._connected = False
+        self._closing = False
+        self.closed = False
+        self._kick = anyio.Event()
+        self._written = anyio.Event()
+        self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._deferred: deque[MeshbusError] = deque(maxlen=100)
+        #: What the node said at the last login (client name, keepalive, compression).
+        self.welcome: dict[str, Any] = {}
+        self.published = 0
+        self.delivered = 0
+        self.dropped = 0  # direct publishes made while disconnected
+        self.errors = 0  # errors the node reported for publishes and subscriptions
+        self.connects = 0
+        self.handler_errors = 0
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "connected" if self._connected else "reconnecting"
+        return f"<RemoteSession {self.client_name!r} {self.url} vpn={self.vpn!r} {state}>"
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> RemoteSession:
+        if self._stack is not None:
+            raise StateError("a RemoteSession can be entered only once")
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            await self._open_connection()
+        except BaseException:
+            self.closed = True
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+            await stack.aclose()
+            raise
+        self._stack = stack
+        self._tg.start_soon(self._supervise)
+        if self._async_handler is not None:
+            self._tg.start_soon(self._pump)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Write what is buffered, log out and close. Idempotent."""
+        if self.closed:
+            return
+        self._closing = True
+        connection = self._connection
+        if connection is not None and self._connected:
+            with anyio.move_on_after(5):
+                with suppress(TransportError):
+                    await connection.flush()
+            await connection.send_close("client closed the session")
+        self.closed = True
+        self._connected = False
+        self._egress.close()
+        for flow in self._flow_list:
+            flow.unbound = True
+            flow._arrived.set()
+        self._fail_requests(StateError("the session is closed"))
+        if connection is not None:
+            await connection.aclose()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+        if self._stack is not None:
+            await self._stack.aclose()
+
+    async def _open_connection(self) -> None:
+        """Connect, log in and restore state; raises on failure."""
+        stream = await connect_stream(self.url, tls=self.tls, timeout=self.connect_timeout)
+        protocol = LinkProtocol(Role.CLIENT, max_frame_size=self.max_frame_size)
+        connection = Connection(stream, protocol, self.url)
+        try:
+            hello: dict[str, Any] = {"vpn": self.vpn, "no_local": self.no_local}
+            if self.username is not None:
+                hello["username"] = self.username
+            if self._password is not None:
+                hello["password"] = self._password
+            if self.client_name is not None:
+                hello["client_name"] = self.client_name
+            if self.compression:
+                hello["compression"] = list(ALGORITHMS)
+            protocol.hello(hello)
+            await connection.flush()
+            with anyio.fail_after(self.connect_timeout):
+                try:
+                    welcome = await connection.receive_handshake()
+                except AuthenticationError as exc:
+                    raise AuthenticationError(self.username or "default", exc.why) from None
+        except TimeoutError:
+            await connection.aclose()
+            raise TransportError(f"connecting to {self.url}: no answer to the login") from None
+        except BaseException:
+            await connection.aclose()
+            raise
+        name = welcome.get("client_name")
+        self.client_name = name if isinstance(name, str) else self.client_name
+        self.welcome = welcome
+        self._connection = connection
+        self._protocol = protocol
+        self._connected = True
+        self.connects += 1
+        self.backoff.reset()
+        self._restore()
+        for frame in connection.early:
+            self._on_frame(*frame)
+        await connection.flush()
+
+    def _restore(self) -> None:
+        """Queue what the node must know again after a (re)login."""
+        protocol = self._protocol
+        assert protocol is not None
+        for subscription in self._subscriptions:
+            request = _Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
+            self._send_request(request, restored=True)
+        self._flows.clear()
+        for flow in self._flow_list:
+            self._send_request(_Request((K.BIND, dict(flow._bind), b"")), flow=flow)
+        for request_id, request in sorted(self._requests.items()):
+            kind, header, payload = request.frame
+            if kind not in (K.BIND, K.UNBIND):  # flows are bound again above
+                protocol.send(kind, {**header, "id": request_id}, payload)
+
+    # --- the connection's tasks ---------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        while not self.closed:
+            try:
+                with unwrap_errors():
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._writer)
+                        tg.start_soon(self._keepalive, tg.cancel_scope)
+                        await self._reader()
+                        tg.cancel_scope.cancel()
+            except (TransportError, ProtocolError) as exc:
+                if self._closing:
+                    return
+                log.warning("connection to %s lost: %s", self.url, exc)
+            if self._closing:
+                return
+            await self._lost()
+
+    async def _lost(self) -> None:
+        self._connected = False
+        if self._connection is not None:
+            await self._connection.aclose()
+        if not self.reconnect:
+            self._fail_requests(TransportError(f"connection to {self.url} lost"))
+            await self.aclose()
+            return
+        while not self._closing:
+            delay = self.backoff.next_delay()
+            log.info("reconnecting to %s in %.1f s", self.url, delay)
+            await anyio.sleep(delay)
+            try:
+                await self._open_connection()
+                log.info("reconnected to %s as %s", self.url, self.client_name)
+                return
+            except (TransportError, AccessDeniedError, ProtocolError) as exc:
+                log.warning("reconnecting to %s failed: %s", self.url, exc)
+
+    async def _reader(self) -> None:
+        connection = self._connection
+        assert connection is not None
+        protocol = connection.protocol
+        on_frame = self._on_frame
+        egress_push = self._egress.push
+        handler = self._handler
+        while protocol.state is LinkState.OPEN:
+            frames = await connection.receive_frames()
+            for kind, header, payload in frames:
+                if kind == _DELIVER:
+                    message = decode_deliver(header, payload)
+                    if handler is None:
+                        egress_push(message)
+                    else:
+                        self.delivered += 1
+                        try:
+                            handler(message)
+                        except Exception:
+                            self._handler_failed()
+                else:
+                    on_frame(kind, header, payload)
+            if protocol.out:
+                self._kick.set()
+        if not self._closing:
+            raise TransportError(f"node closed the connection: {protocol.close_reason}")
+
+    def _on_frame(self, kind: int, header: Any, payload: bytes) -> None:
+        if kind == _DELIVER:
+            self._egress.push(decode_deliver(header, payload))
+        elif kind == _FLOW_DELIVER:
+            number, message = decode_flow_deliver(header, payload)
+            flow = self._flows.get(number)
+            if flow is not None:
+                flow._push(message)
+        elif kind in (_OK, _ERROR):
+            request_id = header.get("id")
+            request = self._requests.pop(request_id, None) if request_id is not None else None
+            if kind == _ERROR:
+                error = _error_from(header)
+                if request is None:
+                    self._defer(error)
+                else:
+                    request.result = error
+                    request.done.set()
+            elif request is not None:
+                request.result = header
+                request.done.set()
+        elif kind == K.FLOW_CLOSED:
+            flow = self._flows.pop(header.get("flow"), None)  # type: ignore[arg-type]
+            if flow is not None:
+                flow.unbound = True
+                flow._arrived.set()
+                if flow in self._flow_list:
+                    self._flow_list.remove(flow)
+
+    def _defer(self, error: MeshbusError) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            log.warning("node reported an error for session %r: %s", self.client_name, error)
+        self._deferred.append(error)
+
+    async def _writer(self) -> None:
+        connection = self._connection
+        assert connection is not None
+        while True:
+            await self._kick.wait()
+            self._kick = anyio.Event()
+            await connection.flush()
+            self._written.set()
+            self._written = anyio.Event()
+
+    async def _keepalive(self, scope: anyio.CancelScope) -> None:
+        protocol = self._protocol
+        assert protocol is not None
+        interval = float(self.welcome.get("keepalive", 10.0))
+        timeout = float(self.welcome.get("keepalive_timeout", 30.0))
+        while True:
+            await anyio.sleep(min(interval, timeout) / 2)
+            now = anyio.current_time()
+            if protocol.peer_silent(now, timeout):
+                raise TransportError(f"keepalive: nothing heard from {self.url} for {timeout:g} s")
+            if protocol.ping_due(now, interval):
+                protocol.send(K.PING, {})
+                self._kick.set()
+
+    async def _pump(self) -> None:
+        handler = self._async_handler
+        assert handler is not None
+        while True:
+            try:
+                message = await self._egress.get()
+            except StateError:
+                return
+            self.delivered += 1
+            try:
+                await handler(message)
+            except Exception:
+                self._handler_failed()
+
+    def _handler_failed(self) -> None:
+        self.handler_errors += 1
+        if self.handler_errors == 1:
+            log.exception("message handler of %r raised; further errors are only counted", self)
+
+    # --- requests -----------------------------------------------------------------------
+
+    def _send_frame(self, kind: FrameKind, header: dict[str, Any], payload: bytes = b"") -> None:
+        if self._connected and self._protocol is not None:
+            self._protocol.send(kind, header, payload)
+            self._kick.set()
+
+    def _send_request(
+        self, request: _Request, *, restored: bool = False, flow: RemoteFlow | None = None
+    ) -> int:
+        request_id = next(self._ids)
+        kind, header, payload = request.frame
+        if not restored and flow is None:
+            self._requests[request_id] = request
+        elif flow is not None:
+            self._requests[request_id] = request
+            self._tg_start(self._await_rebind, request, flow)
+        if self._connected and self._protocol is not None:
+            self._protocol.send(kind, {**header, "id": request_id}, payload)
+            self._kick.set()
+        return request_id
+
+    def _tg_start(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        if self._tg is not None:
+            self._tg.start_soon(fn, *args)
+
+    async def _await_rebind(self, request: _Request, flow: RemoteFlow) -> None:
+        await request.done.wait()
+        if isinstance(request.result, dict) and isinstance(request.result.get("flow"), int):
+            flow._rebound(request.result["flow"])
+            self._flows[flow.number] = flow
+        else:
+            log.warning("could not bind %r again after reconnecting: %s", flow, request.result)
+            flow.unbound = True
+            flow._arrived.set()
+
+    async def _request(
+        self, kind: FrameKind, header: dict[str, Any], payload: bytes = b""
+    ) -> dict[str, Any]:
+        self._check_open()
+        request = _Request((kind, header, payload))
+        self._send_request(request)
+        await request.done.wait()
+        result = request.result
+        if isinstance(result, MeshbusError):
+            raise result
+        assert result is not None
+        return result
+
+    def _fail_requests(self, error: MeshbusError) -> None:
+        requests, self._requests = self._requests, {}
+        for request in requests.values():
+            request.result = error
+            request.done.set()
+
+    def _check_open(self) -> None:
+        if self.closed or self._closing:
+            raise StateError(f"remote session {self.client_name!r} is closed")
+
+    # --- the Session API ----------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether the session is logged in now (``False`` while reconnecting)."""
+        return self._connected
+
+    @property
+    def subscriptions(self) -> tuple[str, ...]:
+        """The subscriptions this session holds (restored after each reconnect)."""
+        return tuple(self._subscriptions)
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | bytearray | memoryview | str = b"",
+        *,
+        headers: Mapping[str, Any] | None = None,
+        eliding_eligible: bool = False,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Publish a direct message: buffered and written by a background task.
+
+        The node's refusal (ACL) arrives later: it is counted in :attr:`errors`
+        and raised by the next :meth:`confirm`.
+
+        :raises InvalidTopicError: the topic is not valid.
+        :raises LimitExceededError: more than ``max_send_buffer`` bytes are waiting to
+            be written (``await session.flush()`` and publish again).
+        :raises StateError: the session is closed.
+        """
+        protocol = self._protocol
+        if not self._connected or protocol is None:
+            self._check_open()
+            self.dropped += 1
+            return
+        if type(payload) is not bytes:
+            payload = _as_bytes(payload)
+        out = protocol.out
+        if len(out) > self.max_send_buffer:
+            raise LimitExceededError(
+                "the send buffer is full: await session.flush()", self.max_send_buffer
+            )
+        if type(topic) is not str or not topic or len(topic) > 250:
+            validate_topic(topic)  # raises with the reason
+        if headers is None and not eliding_eligible and reply_to is None and correlation_id is None:
+            out += encode_publish(topic, payload)
+        else:
+            out += encode_publish(
+                topic, payload, headers, eliding_eligible, reply_to, correlation_id
+            )
+        self.published += 1
+        self._kick.set()
+
+    async def flush(self) -> None:
+        """Wait until everything buffered so far has been written to the connection."""
+        self._check_open()
+        protocol = self._protocol
+        if self._connected and protocol is not None and protocol.out:
+            written = self._written
+            self._kick.set()
+            await written.wait()
+
+    async def confirm(self) -> None:
+        """Round trip to the node; raise the first error it reported since the last call.
+
+        Subscriptions, unsubscriptions and publishes are sent without waiting;
+        after ``await session.confirm()`` all of them sent before it were applied.
+        """
+        await self._request(K.REQUEST, {"what": "sync"}) if False else await self._sync()
+        if self._deferred:
+            error = self._deferred.popleft()
+            self._deferred.clear()
+            raise error
+
+    async def _sync(self) -> None:
+        try:
+            await self._request(K.REQUEST, {"what": "stats"})
+        except MeshbusError:
+            raise
+
+    def subscribe(self, subscription: str) -> None:
+        """Add a subscription (kept across reconnects). The node's answer comes later:
+        a refusal is raised by :meth:`confirm`.
+
+        :raises InvalidTopicError: the subscription is not valid (checked here first).
+        """
+        self._check_open()
+        parse_subscription(subscription)
+        if subscription in self._subscriptions:
+            return
+        self._subscriptions[subscription] = None
+        request = _Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
+        self._send_request(request)
+        self._tg_start(self._watch_subscription, request, subscription)
+
+    async def _watch_subscription(self, request: _Request, subscription: str) -> None:
+        await request.done.wait()
+        if isinstance(request.result, MeshbusError) and not self.closed:
+            self._subscriptions.pop(subscription, None)
+            self._defer(request.result)
+
+    def unsubscribe(self, subscription: str) -> None:
+        """Remove a subscription."""
+        self._check_open()
+        if self._subscriptions.pop(subscription, 0) == 0:
+            raise StateError(f"not subscribed to {subscription!r}")
+        request = _Request((K.UNSUBSCRIBE, {"subscription": subscription}, b""))
+        self._send_request(request)
+
+    async def receive(self) -> Message:
+        """Wait for the next message. :raises StateError: closed, or ``on_message`` is set."""
+        if self._handler is not None or self._async_handler is not None:
+            raise StateError("this session delivers to its on_message handler")
+        message = await self._egress.get()
+        self.delivered += 1
+        return message
+
+    def receive_nowait(self) -> Message | None:
+        """The next waiting message, or ``None``."""
+        message = self._egress.get_nowait()
+        if message is not None:
+            self.delivered += 1
+        return message
+
+    def __aiter__(self) -> RemoteSession:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except StateError:
+            if self.closed:
+                raise StopAsyncIteration from None
+            raise
+
+    async def send(
+        self,
+        topic: str,
+        payload: bytes | bytearray | memoryview | str = b"",
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+        eliding_eligible: bool = False,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Publish a guaranteed message; returns once the node holds it (SPEC 4)."""
+        validate_topic(topic)
+        header = _send_header(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id)
+        header["topic"] = topic
+        await self._request(K.SEND, header, _as_bytes(payload))
+
+    async def send_to_queue(
+        self,
+        queue: str,
+        payload: bytes | bytearray | memoryview | str = b"",
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Publish a guaranteed message to one queue by name."""
+        header = _send_header(persistent, headers, ttl, False, reply_to, correlation_id)
+        header["queue"] = queue
+        await self._request(K.SEND, header, _as_bytes(payload))
+
+    async def send_many(
+        self,
+        messages: Iterable[tuple[str, bytes | bytearray | memoryview | str]],
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+    ) -> list[Exception | None]:
+        """Publish many guaranteed messages, pipelined; one result per message, in order."""
+        self._check_open()
+        base = _send_header(persistent, headers, ttl, False, None, None)
+        requests: list[_Request | Exception] = []
+        for topic, payload in messages:
+            try:
+                validate_topic(topic)
+            except InvalidTopicError as exc:
+                requests.append(exc)
+                continue
+            request = _Request((K.SEND, {**base, "topic": topic}, _as_bytes(payload)))
+            self._send_request(request)
+            requests.append(request)
+        results: list[Exception | None] = []
+        for request in requests:
+            if isinstance(request, Exception):
+                results.append(request)
+                continue
+            await request.done.wait()
+            result = request.result
+            results.append(result if isinstance(result, MeshbusError) else None)
+        return results
+
+    async def bind(self, queue: str, *, window: int = 255) -> RemoteFlow:
+        """Bind a flow to a queue on the node (re-bound after each reconnect)."""
+        return await self._bind_flow({"queue": queue, "window": window}, window)
+
+    async def bind_topic_endpoint(
+        self, endpoint: str, subscription: str, *, window: int = 255
+    ) -> RemoteFlow:
+        """Bind a flow to a topic endpoint on the node, naming its subscription."""
+        bind = {"endpoint": endpoint, "subscription": subscription, "window": window}
+        return await self._bind_flow(bind, window)
+
+    async def _bind_flow(self, bind: dict[str, Any], window: int) -> RemoteFlow:
+        flow = RemoteFlow(self, bind, window)
+        result = await self._request(K.BIND, bind)
+        number = result.get("flow")
+        if type(number) is not int:
+            raise ProtocolError("BIND answer has no flow number")
+        flow.number = number
+        self._flows[number] = flow
+        self._flow_list.append(flow)
+        return flow
+
+    async def node_statistics(self) -> dict[str, Any]:
+        """The node's statistics: totals, per VPN and per listener (``meshbus stats``)."""
+        result = await self._request(K.REQUEST, {"what": "stats"})
+        stats = result.get("result")
+        if not isinstance(stats, dict):
+            raise ProtocolError("statistics answer is malformed")
+        return stats
+
+
+def connect(
+    url: str,
+    *,
+    vpn: str = "default",
+    username: str | None = None,
+    password: str | None = None,
+    client_name: str | None = None,
+    no_local: bool = False,
+    tls: TlsSettings | None = None,
+    compression: bool = False,
+    on_message: MessageHandler | None = None,
+    reconnect: bool = True,
+    backoff: Backoff | None = None,
+    connect_timeout: float = 10.0,
+) -> RemoteSession:
+    """A session on the node at ``url``; log in with ``async with``::
+
+        async with connect("tcp://127.0.0.1:55555", username="alice", password="...") as s:
+            s.subscribe("orders/>")
+            async for message in s:
+                ...
+
+    :param url: ``tcp://host:port`` or ``tls://host:port``.
+    :param username: without one, a client certificate's name (TLS) or ``"default"``.
+    :param tls: trust, certificate and checks for ``tls://`` (default: system CAs).
+    :param compression: ask the node to compress the connection (zlib).
+    :param reconnect: after a lost connection, reconnect with backoff (the first
+        connection is not retried: its failure raises).
+    :raises AuthenticationError: the node refused the login (on ``async with``).
+    :raises TransportError: the node could not be reached.
+    """
+    return RemoteSession(
+        url,
+        vpn=vpn,
+        username=username,
+        password=password,
+        client_name=client_name,
+        no_local=no_local,
+        tls=tls,
+        compression=compression,
+        on_message=on_message,
+        reconnect=reconnect,
+        backoff=backoff,
+        connect_timeout=connect_timeout,
+    )
+
+
+def _send_header(
+    persistent: bool,
+    headers: Mapping[str, Any] | None,
+    ttl: float | None,
+    eliding_eligible: bool,
+    reply_to: str | None,
+    correlation_id: str | None,
+) -> dict[str, Any]:
+    if ttl is not None and (
+        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 <= ttl < math.inf
+    ):
+        raise PublishRejectedError("invalid-ttl", f"ttl must be a finite number >= 0, not {ttl!r}")
+    header: dict[str, Any] = {"persistent": bool(persistent)}
+    if headers:
+        header["h"] = dict(headers)
+    if ttl is not None:
+        header["ttl"] = ttl
+    if eliding_eligible:
+        header["e"] = True
+    if reply_to is not None:
+        header["r"] = reply_to
+    if correlation_id is not None:
+        header["c"] = correlation_id
+    return header
+
+
+def _as_bytes(payload: object) -> bytes:
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    raise TypeError(f"payload must be bytes or str, not {type(payload).__name__}")

@@ -1,0 +1,230 @@
+"""Messages to and from data frames.
+
+Data frames carry an array header, shortest for the common message::
+
+    PUBLISH       [topic]                                  or [topic, options]
+    DELIVER       [topic, sender, timestamp]               or [..., options]
+    FLOW_DELIVER  [flow, message_id, topic, sender, timestamp, options]
+
+``options`` is an object holding only what differs from the defaults, with
+short keys (see ``_OPTION_KEYS``). Decoding checks every type before building
+a :class:`~meshbus.Message`; anything else is a :class:`~meshbus.ProtocolError`.
+Unknown option keys are ignored, so a newer peer may add some.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from meshbus._messages import DEFAULT_OPTIONS, DeliveryMode, Message, MessageOptions
+from meshbus.errors import ProtocolError
+
+from ._framing import FrameKind
+
+__all__ = [
+    "decode_deliver",
+    "decode_flow_deliver",
+    "decode_publish",
+    "encode_deliver",
+    "encode_flow_deliver",
+    "encode_publish",
+    "options_from_wire",
+    "options_to_wire",
+]
+
+_PREFIX = struct.Struct("!IBI")
+_pack = _PREFIX.pack
+_dumps = orjson.dumps
+_new = object.__new__
+_DELIVER = FrameKind.DELIVER
+_PUBLISH = FrameKind.PUBLISH
+_FLOW_DELIVER = FrameKind.FLOW_DELIVER
+_MODES = {mode.value: mode for mode in DeliveryMode}
+
+
+def _frame(kind: int, head: bytes, payload: bytes) -> bytes:
+    return _pack(5 + len(head) + len(payload), kind, len(head)) + head + payload
+
+
+# --- options ----------------------------------------------------------------------
+
+
+def options_to_wire(options: MessageOptions) -> dict[str, Any]:
+    """The non-default settings of ``options``, with wire keys."""
+    wire: dict[str, Any] = {}
+    if options.delivery_mode is not DeliveryMode.DIRECT:
+        wire["m"] = options.delivery_mode.value
+    if options.headers:
+        wire["h"] = options.headers
+    if options.eliding_eligible:
+        wire["e"] = True
+    if options.reply_to is not None:
+        wire["r"] = options.reply_to
+    if options.correlation_id is not None:
+        wire["c"] = options.correlation_id
+    if options.discard_indication:
+        wire["d"] = True
+    if options.redelivered:
+        wire["rd"] = True
+    if options.destination is not None:
+        wire["q"] = options.destination
+    return wire
+
+
+def _check(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ProtocolError(f"message {what} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOptions:
+    """:class:`MessageOptions` from wire keys; :class:`ProtocolError` on bad types."""
+    if type(wire) is not dict:
+        raise ProtocolError("message options must be an object")
+    mode = _MODES.get(wire.get("m", "direct"))
+    if mode is None:
+        raise ProtocolError(f"unknown delivery mode {wire.get('m')!r}")
+    headers = wire.get("h", {})
+    _check(headers, dict, "headers")
+    reply_to = wire.get("r")
+    if reply_to is not None:
+        _check(reply_to, str, "reply_to")
+    correlation_id = wire.get("c")
+    if correlation_id is not None:
+        _check(correlation_id, str, "correlation_id")
+    destination = wire.get("q")
+    if destination is not None:
+        _check(destination, str, "destination")
+    return MessageOptions(
+        mode,
+        headers,
+        _check(wire.get("e", False), bool, "eliding flag"),
+        reply_to,
+        correlation_id,
+        _check(wire.get("d", False), bool, "discard indication"),
+        _check(wire.get("rd", False), bool, "redelivered flag"),
+        message_id,
+        destination,
+    )
+
+
+# --- client to node -----------------------------------------------------------------
+
+
+def encode_publish(
+    topic: str,
+    payload: bytes,
+    headers: Mapping[str, Any] | None = None,
+    eliding_eligible: bool = False,
+    reply_to: str | None = None,
+    correlation_id: str | None = None,
+) -> bytes:
+    """A PUBLISH frame for a direct message."""
+    if headers is None and not eliding_eligible and reply_to is None and correlation_id is None:
+        return _frame(_PUBLISH, _dumps((topic,)), payload)
+    wire: dict[str, Any] = {}
+    if headers:
+        wire["h"] = headers
+    if eliding_eligible:
+        wire["e"] = True
+    if reply_to is not None:
+        wire["r"] = reply_to
+    if correlation_id is not None:
+        wire["c"] = correlation_id
+    try:
+        head = _dumps((topic, wire))
+    except TypeError as exc:  # orjson: a header value it cannot serialize
+        raise TypeError(f"message headers must be JSON-serializable: {exc}") from None
+    return _frame(_PUBLISH, head, payload)
+
+
+def decode_publish(header: list[Any]) -> tuple[str, dict[str, Any] | None]:
+    """``(topic, options or None)`` of a PUBLISH header, types checked."""
+    n = len(header)
+    if n == 1:
+        topic = header[0]
+        options = None
+    elif n == 2:
+        topic, options = header
+        if type(options) is not dict:
+            raise ProtocolError("PUBLISH options must be an object")
+    else:
+        raise ProtocolError(f"PUBLISH header has {n} items, not 1 or 2")
+    if type(topic) is not str:
+        raise ProtocolError("PUBLISH topic must be a string")
+    return topic, options
+
+
+# --- node to client -----------------------------------------------------------------
+
+
+def encode_deliver(message: Message) -> bytes:
+    """A DELIVER frame for a message a remote session receives."""
+    options = message.options
+    if options is DEFAULT_OPTIONS:
+        head = _dumps((message.topic, message.sender, message.timestamp))
+    else:
+        head = _dumps((message.topic, message.sender, message.timestamp, options_to_wire(options)))
+    return _frame(_DELIVER, head, message.payload)
+
+
+def decode_deliver(header: list[Any], payload: bytes) -> Message:
+    """The :class:`Message` of a DELIVER frame, types checked."""
+    n = len(header)
+    if n == 3:
+        topic, sender, timestamp = header
+        options = DEFAULT_OPTIONS
+    elif n == 4:
+        topic, sender, timestamp, wire = header
+        options = options_from_wire(wire)
+    else:
+        raise ProtocolError(f"DELIVER header has {n} items, not 3 or 4")
+    return _message(topic, payload, sender, timestamp, options)
+
+
+def encode_flow_deliver(flow: int, message_id: int, message: Message) -> bytes:
+    """A FLOW_DELIVER frame: a guaranteed message on flow ``flow``."""
+    head = _dumps(
+        (
+            flow,
+            message_id,
+            message.topic,
+            message.sender,
+            message.timestamp,
+            options_to_wire(message.options),
+        )
+    )
+    return _frame(_FLOW_DELIVER, head, message.payload)
+
+
+def decode_flow_deliver(header: list[Any], payload: bytes) -> tuple[int, Message]:
+    """``(flow, message)`` of a FLOW_DELIVER frame; the message carries its id."""
+    if len(header) != 6:
+        raise ProtocolError(f"FLOW_DELIVER header has {len(header)} items, not 6")
+    flow, message_id, topic, sender, timestamp, wire = header
+    _check(flow, int, "flow")
+    _check(message_id, int, "id")
+    message = _message(topic, payload, sender, timestamp, options_from_wire(wire, message_id))
+    return flow, message
+
+
+def _message(
+    topic: Any, payload: bytes, sender: Any, timestamp: Any, options: MessageOptions
+) -> Message:
+    if type(topic) is not str:
+        raise ProtocolError("message topic must be a string")
+    if sender is not None and type(sender) is not str:
+        raise ProtocolError("message sender must be a string or null")
+    if type(timestamp) is not float and (type(timestamp) is not int):
+        raise ProtocolError("message timestamp must be a number")
+    message = _new(Message)
+    message.topic = topic  # type: ignore[misc]
+    message.payload = payload  # type: ignore[misc]
+    message.sender = sender  # type: ignore[misc]
+    message.timestamp = timestamp  # type: ignore[misc]
+    message.options = options  # type: ignore[misc]
+    return message

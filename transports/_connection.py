@@ -1,0 +1,126 @@
+"""A byte stream joined to a :class:`LinkProtocol`: the I/O half of a link, either side.
+
+Writes are coalesced: callers queue frames in the protocol and call
+:meth:`Connection.flush`, which writes everything queued so far in one
+``send`` (one compression step, one syscall). One lock keeps writers from
+interleaving, which TLS streams do not allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from meshbus.errors import AuthenticationError, MeshbusError, ProtocolError, TransportError
+
+from ._framing import FrameKind
+from ._protocol import LinkProtocol, LinkState, Role
+from ._streams import map_exceptions
+
+__all__ = ["READ_SIZE", "Connection", "unwrap_errors"]
+
+READ_SIZE = 256 * 1024
+"""Most bytes taken from the stream per read."""
+
+_current_time = anyio.current_time
+
+
+@contextmanager
+def unwrap_errors() -> Iterator[None]:
+    """Let a meshbus error out of a task group as itself, not in an exception group.
+
+    A connection's tasks fail together: the first meshbus error (a lost stream,
+    a protocol violation, a keepalive timeout) is the reason the connection ends.
+    Anything else (a bug) keeps its group, so nothing is hidden.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(MeshbusError)
+        if matched is None or rest is not None:
+            raise
+        error = matched.exceptions[0]
+        while isinstance(error, BaseExceptionGroup):
+            error = error.exceptions[0]
+        raise error from None
+
+
+class Connection:
+    """One connection: its stream, its protocol state and its peer's name."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, protocol: LinkProtocol, peer: str) -> None:
+        self.stream = stream
+        self.protocol = protocol
+        self.peer = peer
+        self._lock = anyio.Lock()
+        self.closed = False
+        #: Frames that arrived in the same read as the handshake frame (client side).
+        self.early: list[tuple[int, Any, bytes]] = []
+
+    async def receive_frames(self) -> list[tuple[int, Any, bytes]]:
+        """Read once from the stream; return the frames completed (maybe none).
+
+        :raises TransportError: the stream ended or failed (a ``ProtocolError``
+            when the bytes broke the protocol).
+        """
+        with map_exceptions(f"reading from {self.peer}"):
+            data = await self.stream.receive(READ_SIZE)
+        return self.protocol.receive_data(data, _current_time())
+
+    async def receive_handshake(self) -> dict[str, Any]:
+        """Read until the handshake frame: HELLO (server side) or WELCOME (client side).
+
+        :raises AuthenticationError: (client) the node refused the login.
+        :raises ProtocolError: the peer broke the protocol.
+        :raises TransportError: the stream ended first.
+        """
+        protocol = self.protocol
+        while True:
+            frames = await self.receive_frames()
+            if not frames:
+                continue
+            kind, header, _ = frames[0]
+            if kind == FrameKind.REFUSED:
+                message = header.get("message")
+                raise AuthenticationError("?", str(message) if message else "login refused")
+            if protocol.role is Role.CLIENT and len(frames) > 1:
+                self.early = frames[1:]
+            else:
+                self.early = []
+            return header  # type: ignore[no-any-return]
+
+    async def flush(self) -> None:
+        """Write whatever the protocol has queued. :raises TransportError: the write failed."""
+        protocol = self.protocol
+        async with self._lock:
+            data = protocol.data_to_send(_current_time())
+            if data:
+                with map_exceptions(f"writing to {self.peer}"):
+                    await self.stream.send(data)
+
+    async def flush_quietly(self) -> None:
+        """Like :meth:`flush`, ignoring failures (for goodbyes to a peer being dropped)."""
+        try:
+            with anyio.move_on_after(1):
+                await self.flush()
+        except TransportError:
+            pass
+
+    async def send_close(self, reason: str) -> None:
+        """Tell the peer the connection is closing (best effort)."""
+        if self.protocol.state is LinkState.OPEN:
+            try:
+                self.protocol.close(reason)
+            except ProtocolError:
+                return
+            await self.flush_quietly()
+
+    async def aclose(self) -> None:
+        """Close the stream without waiting for the peer."""
+        if not self.closed:
+            self.closed = True
+            await anyio.aclose_forcefully(self.stream)

@@ -1,0 +1,293 @@
+"""The link protocol as a sans-IO state machine: bytes in, frames out, no sockets.
+
+One :class:`LinkProtocol` per connection and side. The I/O layer (a remote
+session, a listener's connection, later a bridge or a DMR link) feeds it what
+arrives with :meth:`~LinkProtocol.receive_data`, acts on the frames it returns,
+queues frames with :meth:`~LinkProtocol.send` and writes
+:meth:`~LinkProtocol.data_to_send`. Keepalive is bookkeeping here and timing in
+the I/O layer: it passes the current time in.
+
+The conversation::
+
+    client                                   node
+      HELLO {version, vpn, username, ...}  ->
+                                          <-  WELCOME {client_name, compression, ...}
+                                              (or REFUSED {error, message}, then close)
+      ... both sides compress from here when WELCOME named an algorithm ...
+      SUBSCRIBE / PUBLISH / SEND / BIND / ACK / PING ...  ->
+                                          <-  OK / ERROR / DELIVER / FLOW_DELIVER / PONG ...
+
+The client sends nothing after HELLO until WELCOME arrives. Every frame is
+checked against the state and the side it may come from before it is returned.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from meshbus.errors import ProtocolError
+
+from ._compression import ALGORITHMS, Compressor, Decompressor
+from ._framing import FrameDecoder, FrameKind, encode_frame
+
+__all__ = ["PROTOCOL_VERSION", "LinkProtocol", "LinkState", "Role"]
+
+PROTOCOL_VERSION = 1
+"""The version a HELLO names; a node refuses versions it does not speak."""
+
+K = FrameKind
+
+
+class Role(enum.Enum):
+    """Which side of a connection a protocol object is."""
+
+    CLIENT = "client"
+    """Opens the connection and logs in (an application, a bridge, a DMR link)."""
+    SERVER = "server"
+    """Accepts connections on a listener and serves sessions."""
+
+
+class LinkState(enum.Enum):
+    """Where a connection is in its life."""
+
+    HANDSHAKE = "handshake"
+    """Waiting for HELLO (server) or WELCOME (client)."""
+    OPEN = "open"
+    """Logged in: any frame the side may receive is accepted."""
+    CLOSED = "closed"
+    """A CLOSE or REFUSED was sent or received, or the protocol failed."""
+
+
+# What each side may receive once the connection is open. ADVERTISE travels both
+# ways on node-to-node links; a node serving an application ignores it.
+_SERVER_RECEIVES = frozenset(
+    {
+        K.CLOSE,
+        K.PING,
+        K.PONG,
+        K.SUBSCRIBE,
+        K.UNSUBSCRIBE,
+        K.PUBLISH,
+        K.SEND,
+        K.BIND,
+        K.UNBIND,
+        K.ACK,
+        K.REQUEST,
+        K.ADVERTISE,
+    }
+)
+_CLIENT_RECEIVES = frozenset(
+    {
+        K.CLOSE,
+        K.PING,
+        K.PONG,
+        K.OK,
+        K.ERROR,
+        K.DELIVER,
+        K.FLOW_DELIVER,
+        K.FLOW_CLOSED,
+        K.ADVERTISE,
+    }
+)
+_ARRAY_HEADERS = frozenset({K.PUBLISH, K.DELIVER, K.FLOW_DELIVER})
+
+
+class LinkProtocol:
+    """The state of one side of one connection.
+
+    :param role: :attr:`Role.CLIENT` or :attr:`Role.SERVER`.
+    :param max_frame_size: largest frame accepted from the peer.
+    """
+
+    def __init__(self, role: Role, *, max_frame_size: int) -> None:
+        self.role = role
+        self.state = LinkState.HANDSHAKE
+        self.max_frame_size = max_frame_size
+        self._decoder = FrameDecoder(max_frame_size)
+        self._receives = _SERVER_RECEIVES if role is Role.SERVER else _CLIENT_RECEIVES
+        self._out = bytearray()
+        self._compressor: Compressor | None = None
+        self._decompressor: Decompressor | None = None
+        self._plain = b""  # written before what is compressed (the WELCOME)
+        self._held = b""  # bytes that arrived after the handshake frame, before the switch
+        #: The algorithm in force (``None``: no compression).
+        self.compression: str | None = None
+        #: Why the connection closed, once it has.
+        self.close_reason: str | None = None
+        #: Time the last bytes arrived / were queued (in the I/O layer's clock).
+        self.last_received = 0.0
+        self.last_sent = 0.0
+        self.bytes_received = 0
+        self.bytes_sent = 0
+
+    # --- sending ------------------------------------------------------------------
+
+    def send(self, kind: FrameKind, header: Any, payload: bytes = b"") -> None:
+        """Queue a frame for :meth:`data_to_send`."""
+        if self.state is LinkState.CLOSED:
+            raise ProtocolError(f"connection is closed ({self.close_reason})")
+        self._out += encode_frame(kind, header, payload)
+
+    def send_raw(self, frame: bytes) -> None:
+        """Queue a frame encoded elsewhere (the data path encodes its own)."""
+        self._out += frame
+
+    @property
+    def out(self) -> bytearray:
+        """The queued, unencoded bytes (the data path appends frames here directly)."""
+        return self._out
+
+    def data_to_send(self, now: float = 0.0) -> bytes:
+        """What to write next (compressed when negotiated); empty when nothing is queued."""
+        if not self._out:
+            data, self._plain = self._plain, b""
+            return data
+        data = bytes(self._out)
+        self._out.clear()
+        if self._compressor is not None:
+            data = self._compressor.compress(data)
+        if self._plain:
+            data, self._plain = self._plain + data, b""
+        self.last_sent = now
+        self.bytes_sent += len(data)
+        return data
+
+    # --- handshake ----------------------------------------------------------------
+
+    def hello(self, header: dict[str, Any]) -> None:
+        """Client: queue HELLO (``version`` and the compression offer are filled in)."""
+        self._expect(Role.CLIENT, "hello")
+        offer = header.get("compression") or []
+        self.send(K.HELLO, {**header, "version": PROTOCOL_VERSION, "compression": list(offer)})
+
+    def accept(self, header: dict[str, Any], *, compression: str | None) -> None:
+        """Server: queue WELCOME and open the connection, switching on ``compression``."""
+        self._expect(Role.SERVER, "accept")
+        self.send(K.WELCOME, {**header, "compression": compression})
+        self._plain = bytes(self._out)  # WELCOME itself goes out uncompressed
+        self._out.clear()
+        self._open(compression)
+
+    def refuse(self, error: str, message: str) -> None:
+        """Server: queue REFUSED; the connection is closed after it is written."""
+        self._expect(Role.SERVER, "refuse")
+        self.send(K.REFUSED, {"error": error, "message": message})
+        self._closed(f"refused: {message}")
+
+    def close(self, reason: str) -> None:
+        """Queue CLOSE (if still open) and mark the connection closed."""
+        if self.state is LinkState.OPEN:
+            self.send(K.CLOSE, {"reason": reason})
+        self._closed(reason)
+
+    def _expect(self, role: Role, action: str) -> None:
+        if self.role is not role or self.state is not LinkState.HANDSHAKE:
+            raise ProtocolError(f"{action}() is for the {role.value} during the handshake")
+
+    def _open(self, compression: str | None) -> None:
+        if compression is not None:
+            if compression not in ALGORITHMS:
+                raise ProtocolError(f"unknown compression {compression!r}")
+            self._compressor = Compressor()
+            self._decompressor = Decompressor(self.max_frame_size)
+        self.compression = compression
+        self.state = LinkState.OPEN
+        # What followed the handshake frame in the same read is in the new encoding.
+        self._held = self._decoder.take_buffer()
+
+    def _closed(self, reason: str) -> None:
+        if self.state is not LinkState.CLOSED:
+            self.state = LinkState.CLOSED
+            self.close_reason = reason
+
+    # --- receiving ----------------------------------------------------------------
+
+    def receive_data(self, data: bytes, now: float = 0.0) -> list[tuple[int, Any, bytes]]:
+        """Feed bytes from the peer; return the frames they complete, checked.
+
+        During the handshake this returns at most the handshake frame; call it
+        again (with ``b""``) after :meth:`accept` to get what followed it.
+
+        :raises ProtocolError: the bytes break the protocol; the connection is
+            then closed and must be dropped.
+        """
+        if self.state is LinkState.CLOSED:
+            return []
+        self.last_received = now
+        self.bytes_received += len(data)
+        if self._held:
+            data, self._held = self._held + data, b""
+        try:
+            if self.state is LinkState.HANDSHAKE:
+                frames = self._handshake(data)
+                if self.state is LinkState.OPEN and self._held:
+                    frames += self.receive_data(b"", now)
+                return frames
+            frames = self._decoder.feed(data) if self._decompressor is None else self._inflate(data)
+            receives = self._receives
+            for kind, header, _ in frames:
+                if kind not in receives:
+                    raise ProtocolError(
+                        f"a {self.role.value} does not accept {FrameKind(kind).name} frames"
+                    )
+                if type(header) is not (list if kind in _ARRAY_HEADERS else dict):
+                    raise ProtocolError(f"{FrameKind(kind).name} frame has a malformed header")
+                if kind == K.PING:
+                    self.send(K.PONG, {})
+                elif kind == K.CLOSE:
+                    reason = header.get("reason")
+                    self._closed(f"peer closed: {reason if isinstance(reason, str) else '?'}")
+            return frames
+        except ProtocolError as exc:
+            self._closed(str(exc))
+            raise
+
+    def _inflate(self, data: bytes) -> list[tuple[int, Any, bytes]]:
+        decompressor = self._decompressor
+        assert decompressor is not None
+        frames = self._decoder.feed(decompressor.decompress(data))
+        while decompressor.has_more:
+            frames += self._decoder.feed(decompressor.decompress(b""))
+        return frames
+
+    def _handshake(self, data: bytes) -> list[tuple[int, Any, bytes]]:
+        # Decode one frame only: what follows it may be in another encoding.
+        frames = self._decoder.feed(data, limit=1)
+        if not frames:
+            return []
+        kind, header, _ = frames[0]
+        if type(header) is not dict:
+            raise ProtocolError(f"{FrameKind(kind).name} frame has a malformed header")
+        if self.role is Role.SERVER:
+            if kind != K.HELLO:
+                raise ProtocolError(f"expected HELLO, got {FrameKind(kind).name}")
+            version = header.get("version")
+            if version != PROTOCOL_VERSION:
+                raise ProtocolError(f"protocol version {version!r} is not supported")
+            offer = header.get("compression", [])
+            if not isinstance(offer, list):
+                raise ProtocolError("HELLO compression offer must be a list")
+            if self._decoder.buffered:
+                raise ProtocolError("client sent frames before its login was answered")
+            return frames
+        if kind == K.WELCOME:
+            compression = header.get("compression")
+            if compression is not None and not isinstance(compression, str):
+                raise ProtocolError("WELCOME names a malformed compression")
+            self._open(compression)
+            return frames
+        if kind == K.REFUSED:
+            self._closed(f"refused: {header.get('message')}")
+            return frames
+        raise ProtocolError(f"expected WELCOME or REFUSED, got {FrameKind(kind).name}")
+
+    # --- keepalive ----------------------------------------------------------------
+
+    def ping_due(self, now: float, interval: float) -> bool:
+        """Whether nothing was sent for ``interval`` seconds (then send a PING)."""
+        return self.state is LinkState.OPEN and now - self.last_sent >= interval
+
+    def peer_silent(self, now: float, timeout: float) -> bool:
+        """Whether nothing arrived for ``timeout`` seconds: the peer is taken as dead."""
+        return now - self.last_received >= timeout

@@ -1,0 +1,315 @@
+"""A node's listeners: remote sessions served over TCP, TLS or any byte stream.
+
+:func:`start_server` binds a listener and serves each accepted connection with
+a :class:`_Connection` in the node's task group. A connection logs in to a VPN
+as a :class:`~meshbus.Session` and then relays frames: it is the only place
+where the node meets bytes from the network, so each step is guarded and any
+failure ends that connection alone, with a logged reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import attrs
+from anyio.streams.tls import TLSAttribute, TLSStream
+
+from meshbus._stash import StashKey
+from meshbus.errors import (
+    AccessDeniedError,
+    AuthenticationError,
+    ConfigurationError,
+    MeshbusError,
+    ProtocolError,
+    StateError,
+    TransportError,
+)
+
+from ._compression import ALGORITHMS
+from ._connection import Connection
+from ._protocol import LinkProtocol, Role
+from ._serving import ServedSession
+from ._settings import ListenerSettings
+from ._streams import map_exceptions
+
+if TYPE_CHECKING:
+    from meshbus._node import Node
+
+__all__ = ["Server", "ServerStatistics", "start_server"]
+
+log = logging.getLogger("meshbus.transports")
+
+
+@attrs.frozen
+class ServerStatistics:
+    """Counters of one listener since it started."""
+
+    accepted: int
+    """Connections accepted."""
+    open: int
+    """Connections open now (logged in or logging in)."""
+    logins: int
+    """Logins accepted."""
+    refused: int
+    """Logins refused (wrong password, unknown VPN or username, certificate mismatch)."""
+    failed: int
+    """Connections closed for a protocol, TLS or keepalive failure."""
+    bytes_received: int
+    """Bytes read from closed and open connections."""
+    bytes_sent: int
+    """Bytes written to closed and open connections."""
+
+
+class Server:
+    """One listener of a node. Made by :func:`start_server`; closes with the node."""
+
+    def __init__(self, node: Node, settings: ListenerSettings) -> None:
+        self.node = node
+        self.settings = settings
+        self.host = settings.host
+        self.port = settings.port
+        self._context: ssl.SSLContext | None = (
+            settings.tls.server_context() if settings.tls is not None else None
+        )
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+        self._connections: set[Connection] = set()
+        self.accepted = self.logins = self.refused = self.failed = 0
+        self._closed_bytes = [0, 0]
+
+    def __repr__(self) -> str:
+        return f"<Server {self.url}>"
+
+    @property
+    def url(self) -> str:
+        """What clients connect to: ``tcp://host:port`` or ``tls://host:port``."""
+        scheme = "tls" if self._context is not None else "tcp"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
+
+    async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        try:
+            with map_exceptions(f"listening on {self.host}:{self.settings.port}"):
+                listener = await anyio.create_tcp_listener(
+                    local_host=self.host, local_port=self.settings.port
+                )
+        except TransportError:
+            self._stopped.set()
+            raise
+        try:
+            async with listener, anyio.create_task_group() as tg:
+                self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+                self._scope = tg.cancel_scope
+                task_status.started()
+                log.info("listening on %s", self.url)
+                await listener.serve(self._serve_accepted, task_group=tg)
+        finally:
+            self._stopped.set()
+
+    async def _serve_accepted(self, stream: anyio.abc.ByteStream) -> None:
+        self.accepted += 1
+        peer = _peer_name(stream)
+        certificate_name = None
+        if self._context is not None:
+            try:
+                with anyio.fail_after(self.settings.handshake_timeout):
+                    stream = await TLSStream.wrap(
+                        stream,
+                        server_side=True,
+                        ssl_context=self._context,
+                        standard_compatible=False,
+                    )
+            except (TimeoutError, ssl.SSLError, OSError, anyio.BrokenResourceError) as exc:
+                self.failed += 1
+                log.warning("closing connection from %s: TLS handshake failed: %s", peer, exc)
+                await anyio.aclose_forcefully(stream)
+                return
+            certificate_name = _common_name(stream.extra(TLSAttribute.peer_certificate, None))
+        await self.serve(stream, peer=peer, certificate_name=certificate_name)
+
+    async def serve(
+        self,
+        stream: anyio.abc.ByteStream,
+        *,
+        peer: str = "memory",
+        certificate_name: str | None = None,
+    ) -> None:
+        """Serve one connection on ``stream`` until it closes (for memory streams too).
+
+        :param certificate_name: the common name of a verified client certificate.
+        """
+        protocol = LinkProtocol(Role.SERVER, max_frame_size=self.settings.max_frame_size)
+        connection = Connection(stream, protocol, peer)
+        self._connections.add(connection)
+        try:
+            await self._login_and_serve(connection, certificate_name)
+        finally:
+            self._connections.discard(connection)
+            self._closed_bytes[0] += protocol.bytes_received
+            self._closed_bytes[1] += protocol.bytes_sent
+            await connection.aclose()
+
+    async def _login_and_serve(self, connection: Connection, certificate_name: str | None) -> None:
+        settings = self.settings
+        try:
+            with anyio.fail_after(settings.handshake_timeout):
+                hello = await connection.receive_handshake()
+        except TimeoutError:
+            self.failed += 1
+            log.warning("closing connection from %s: no login in time", connection.peer)
+            return
+        except (ProtocolError, TransportError) as exc:
+            self.failed += 1
+            log.warning("closing connection from %s: %s", connection.peer, exc)
+            return
+        served = await self._login(connection, hello, certificate_name)
+        if served is None:
+            return
+        self.logins += 1
+        try:
+            await served.run()
+        except (ProtocolError, TransportError) as exc:
+            self.failed += 1
+            log.warning("closing connection from %s: %s", connection.peer, exc)
+        finally:
+            served.session.close()
+
+    async def _login(
+        self, connection: Connection, hello: dict[str, Any], certificate_name: str | None
+    ) -> ServedSession | None:
+        protocol = connection.protocol
+        try:
+            vpn = _text(hello, "vpn", "default")
+            username = _text(hello, "username", certificate_name or "default")
+            password = hello.get("password")
+            client_name = hello.get("client_name")
+            no_local = hello.get("no_local", False)
+            if password is not None and not isinstance(password, str):
+                raise ProtocolError("HELLO password must be a string")
+            if client_name is not None and not isinstance(client_name, str):
+                raise ProtocolError("HELLO client_name must be a string")
+            if not isinstance(no_local, bool):
+                raise ProtocolError("HELLO no_local must be a boolean")
+            target = self.node.vpns.get(vpn)
+            if target is None:
+                raise AuthenticationError(username, f"no Message VPN named {vpn!r}")
+            session = target.open_session(
+                username=username,
+                password=password,
+                client_name=client_name,
+                no_local=no_local,
+                certificate_name=certificate_name,
+            )
+        except ProtocolError as exc:
+            self.failed += 1
+            log.warning("closing connection from %s: %s", connection.peer, exc)
+            return None
+        except (AccessDeniedError, StateError, ConfigurationError, MeshbusError) as exc:
+            self.refused += 1
+            code = "authentication" if isinstance(exc, AccessDeniedError) else "refused"
+            log.warning("refused login from %s: %s", connection.peer, exc)
+            protocol.refuse(code, str(exc))
+            await connection.flush_quietly()
+            return None
+        offer = hello.get("compression", [])
+        compression = next((a for a in ALGORITHMS if a in offer), None)
+        if not self.settings.compression:
+            compression = None
+        protocol.accept(
+            {
+                "client_name": session.client_name,
+                "vpn": vpn,
+                "node": self.node.name,
+                "keepalive": self.settings.keepalive,
+                "keepalive_timeout": self.settings.keepalive_timeout,
+                "max_frame_size": self.settings.max_frame_size,
+            },
+            compression=compression,
+        )
+        served = ServedSession(connection, session, self.settings)
+        try:
+            await connection.flush()
+        except TransportError as exc:
+            session.close()
+            log.warning("connection from %s lost at login: %s", connection.peer, exc)
+            return None
+        log.info(
+            "login from %s: %s as %r in VPN %r%s",
+            connection.peer,
+            session.client_name,
+            session.username,
+            vpn,
+            f" ({compression})" if compression else "",
+        )
+        return served
+
+    async def aclose(self) -> None:
+        """Stop listening and close every connection of this listener."""
+        if self._scope is not None:
+            self._scope.cancel()
+        await self._stopped.wait()
+
+    def statistics(self) -> ServerStatistics:
+        """A snapshot of this listener's counters."""
+        received, sent = self._closed_bytes
+        for connection in self._connections:
+            received += connection.protocol.bytes_received
+            sent += connection.protocol.bytes_sent
+        return ServerStatistics(
+            accepted=self.accepted,
+            open=len(self._connections),
+            logins=self.logins,
+            refused=self.refused,
+            failed=self.failed,
+            bytes_received=received,
+            bytes_sent=sent,
+        )
+
+
+async def start_server(node: Node, settings: ListenerSettings | None = None) -> Server:
+    """Start a listener for remote sessions in ``node`` (which must be running).
+
+    It stops with the node, or earlier with :meth:`Server.aclose`.
+
+    :raises ConfigurationError: the TLS settings are not usable.
+    :raises TransportError: the address cannot be bound.
+    """
+    server = Server(node, settings if settings is not None else ListenerSettings())
+    await node.task_group.start(server._run)
+    node.stash.setdefault(SERVERS, []).append(server)
+    return server
+
+
+SERVERS: StashKey[list[Server]] = StashKey()
+"""Where a node keeps its servers (``node.stash``), for statistics."""
+
+
+def _text(hello: dict[str, Any], key: str, default: str) -> str:
+    value = hello.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ProtocolError(f"HELLO {key} must be a string")
+    return value
+
+
+def _peer_name(stream: anyio.abc.ByteStream) -> str:
+    address = stream.extra(anyio.abc.SocketAttribute.remote_address, None)
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address) if address is not None else "unknown"
+
+
+def _common_name(certificate: object) -> str | None:
+    """The subject common name of a peer certificate as ``ssl`` reports it."""
+    if not isinstance(certificate, dict):
+        return None
+    for rdn in certificate.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None

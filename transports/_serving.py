@@ -1,0 +1,416 @@
+"""The node's side of one remote session: frames in, session calls; deliveries out.
+
+A :class:`ServedSession` runs four kinds of task while its connection is open:
+
+- the reader: decodes frames and acts on them (publishes inline, no await);
+- the pump: moves the session's egress buffer into DELIVER frames, so a slow
+  reader is a slow consumer with the usual bounded buffer (SPEC 2);
+- the sender: turns pipelined SEND frames into batched guaranteed publishes,
+  answering each with OK or ERROR in order;
+- keepalive: pings a quiet peer, and drops one that stays silent.
+
+Plus one task per bound flow, feeding FLOW_DELIVER frames within the flow's window.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from meshbus._messages import Message
+from meshbus._stats import NodeStatistics
+from meshbus.errors import (
+    AccessDeniedError,
+    InvalidTopicError,
+    LimitExceededError,
+    MeshbusError,
+    ProtocolError,
+    PublishRejectedError,
+    StateError,
+    TransportError,
+)
+
+from ._codec import decode_publish, encode_deliver, encode_flow_deliver
+from ._connection import unwrap_errors
+from ._framing import FrameKind
+from ._protocol import LinkState
+from ._settings import ListenerSettings
+
+if TYPE_CHECKING:
+    from meshbus._session import Session
+    from meshbus.abc import Flow
+
+    from ._connection import Connection
+
+__all__ = ["ServedSession", "error_code"]
+
+log = logging.getLogger("meshbus.transports")
+
+K = FrameKind
+_PUBLISH = int(K.PUBLISH)
+_BATCH_BYTES = 256 * 1024  # deliveries encoded per write, at most (about)
+_MAX_PIPELINED_SENDS = 4096  # SEND frames waiting for the sender before reading pauses
+_ERROR_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (InvalidTopicError, "invalid-topic"),
+    (AccessDeniedError, "access-denied"),
+    (PublishRejectedError, "rejected"),
+    (LimitExceededError, "limit-exceeded"),
+    (StateError, "state"),
+    (ProtocolError, "protocol"),
+)
+
+
+def error_code(exc: BaseException) -> str:
+    """The wire code of a meshbus error (the client maps it back to the class)."""
+    for cls, code in _ERROR_CODES:
+        if isinstance(exc, cls):
+            return code
+    return "error"
+
+
+class ServedSession:
+    """Relays between one connection and the :class:`~meshbus.Session` it logged in to."""
+
+    def __init__(self, connection: Connection, session: Session, settings: ListenerSettings):
+        self.connection = connection
+        self.protocol = connection.protocol
+        self.session = session
+        self.settings = settings
+        self._sends: deque[tuple[int, dict[str, Any], bytes]] = deque()
+        self._sends_waiting = anyio.Event()
+        self._sends_room = anyio.Event()
+        self._flows: dict[int, tuple[Flow, anyio.CancelScope, dict[int, Message]]] = {}
+        self._flow_numbers = 0
+        self.errors_sent = 0
+
+    async def run(self) -> None:
+        """Serve until the peer closes, the connection fails or the session closes."""
+        try:
+            with unwrap_errors():
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    tg.start_soon(self._pump)
+                    tg.start_soon(self._sender)
+                    tg.start_soon(self._keepalive)
+                    await self._read()
+                    tg.cancel_scope.cancel()
+        finally:
+            for flow, scope, _ in self._flows.values():
+                scope.cancel()
+                if hasattr(flow, "detach"):
+                    flow.detach()  # unacknowledged messages go back for redelivery
+            self._flows.clear()
+
+    # --- reading --------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        connection = self.connection
+        protocol = self.protocol
+        session = self.session
+        publish = session.publish
+        while protocol.state is LinkState.OPEN:
+            try:
+                frames = await connection.receive_frames()
+            except TransportError as exc:
+                if protocol.state is LinkState.OPEN:  # not a goodbye: a failure
+                    raise
+                log.debug("connection from %s ended: %s", connection.peer, exc)
+                return
+            for kind, header, payload in frames:
+                if kind == _PUBLISH:
+                    topic, options = decode_publish(header)
+                    try:
+                        if options is None:
+                            publish(topic, payload)
+                        else:
+                            self._publish_with(topic, payload, options)
+                    except (MeshbusError, TypeError, ValueError) as exc:
+                        self._error(None, exc, topic=topic)
+                else:
+                    await self._control(kind, header, payload)
+            if protocol.out:
+                await connection.flush()
+        if protocol.close_reason:
+            log.info("connection from %s closed: %s", connection.peer, protocol.close_reason)
+
+    def _publish_with(self, topic: str, payload: bytes, options: dict[str, Any]) -> None:
+        headers = options.get("h")
+        reply_to = options.get("r")
+        correlation_id = options.get("c")
+        eliding = options.get("e", False)
+        if headers is not None and type(headers) is not dict:
+            raise ProtocolError("PUBLISH headers must be an object")
+        if reply_to is not None and type(reply_to) is not str:
+            raise ProtocolError("PUBLISH reply_to must be a string")
+        if correlation_id is not None and type(correlation_id) is not str:
+            raise ProtocolError("PUBLISH correlation_id must be a string")
+        if type(eliding) is not bool:
+            raise ProtocolError("PUBLISH eliding flag must be a boolean")
+        self.session.publish(
+            topic,
+            payload,
+            headers=headers,
+            eliding_eligible=eliding,
+            reply_to=reply_to,
+            correlation_id=correlation_id,
+        )
+
+    def _error(self, request: int | None, exc: BaseException, **extra: Any) -> None:
+        if isinstance(exc, ProtocolError):
+            raise exc
+        self.errors_sent += 1
+        header: dict[str, Any] = {"error": error_code(exc), "message": str(exc), **extra}
+        if request is not None:
+            header["id"] = request
+        if isinstance(exc, PublishRejectedError):
+            header["reason"] = exc.reason
+        self.protocol.send(K.ERROR, header)
+
+    def _ok(self, request: int, **result: Any) -> None:
+        self.protocol.send(K.OK, {"id": request, **result})
+
+    async def _control(self, kind: int, header: dict[str, Any], payload: bytes) -> None:
+        request = header.get("id")
+        if kind in (K.PING, K.PONG, K.CLOSE, K.ADVERTISE):
+            return  # pings are answered by the protocol; adverts are for node links
+        if kind == K.ACK:
+            try:
+                self._ack(header)
+            except StateError as exc:
+                self._error(None, exc)
+            return
+        if type(request) is not int:
+            raise ProtocolError(f"{K(kind).name} frame needs an integer 'id'")
+        try:
+            if kind == K.SUBSCRIBE:
+                self.session.subscribe(_string(header, "subscription"))
+                self._ok(request)
+            elif kind == K.UNSUBSCRIBE:
+                self.session.unsubscribe(_string(header, "subscription"))
+                self._ok(request)
+            elif kind == K.SEND:
+                self._sends.append((request, header, payload))
+                self._sends_waiting.set()
+                while len(self._sends) >= _MAX_PIPELINED_SENDS:
+                    self._sends_room = anyio.Event()
+                    await self._sends_room.wait()
+            elif kind == K.BIND:
+                await self._bind(request, header)
+            elif kind == K.UNBIND:
+                await self._unbind(request, header)
+            elif kind == K.REQUEST:
+                self._request(request, header)
+        except ProtocolError:
+            raise
+        except (MeshbusError, TypeError, ValueError) as exc:
+            self._error(request, exc)
+
+    def _request(self, request: int, header: dict[str, Any]) -> None:
+        what = header.get("what")
+        if what != "stats":
+            raise StateError(f"unknown request {what!r}")
+        self._ok(request, result=node_statistics(self.session))
+
+    # --- guaranteed publishing ----------------------------------------------------------
+
+    async def _sender(self) -> None:
+        sends = self._sends
+        session = self.session
+        while True:
+            await self._sends_waiting.wait()
+            self._sends_waiting = anyio.Event()
+            while sends:
+                request, header, payload = sends.popleft()
+                if len(sends) < _MAX_PIPELINED_SENDS:
+                    self._sends_room.set()
+                try:
+                    options = _send_options(header)
+                    queue = header.get("queue")
+                    if queue is not None:
+                        options.pop("eliding_eligible", None)
+                        await session.send_to_queue(_string(header, "queue"), payload, **options)
+                        self._ok(request)
+                        continue
+                    topic = _string(header, "topic")
+                    # Pipelined sends with the same options share one store commit.
+                    batch = [(request, topic, payload)]
+                    while sends and _same_send(sends[0][1], header):
+                        next_request, next_header, next_payload = sends.popleft()
+                        batch.append((next_request, _string(next_header, "topic"), next_payload))
+                    self._sends_room.set()
+                    if len(batch) == 1:
+                        await session.send(topic, payload, **options)
+                        self._ok(request)
+                        continue
+                    options.pop("eliding_eligible", None)
+                    options.pop("reply_to", None)
+                    options.pop("correlation_id", None)
+                    results = await session.send_many([(t, p) for _, t, p in batch], **options)
+                    for (each, _, _), result in zip(batch, results, strict=True):
+                        if result is None:
+                            self._ok(each)
+                        else:
+                            self._error(each, result)
+                except ProtocolError:
+                    raise
+                except (MeshbusError, TypeError, ValueError) as exc:
+                    self._error(request, exc)
+            await self.connection.flush()
+
+    # --- flows --------------------------------------------------------------------------
+
+    async def _bind(self, request: int, header: dict[str, Any]) -> None:
+        window = header.get("window", 255)
+        if type(window) is not int or not 1 <= window <= 65535:
+            raise ProtocolError("BIND window must be an integer from 1 to 65535")
+        if "endpoint" in header:
+            flow = await self.session.bind_topic_endpoint(
+                _string(header, "endpoint"), _string(header, "subscription"), window=window
+            )
+        else:
+            flow = await self.session.bind(_string(header, "queue"), window=window)
+        self._flow_numbers += 1
+        number = self._flow_numbers
+        scope = anyio.CancelScope()
+        unacked: dict[int, Message] = {}
+        self._flows[number] = (flow, scope, unacked)
+        self._tg.start_soon(self._feed_flow, number, flow, scope, unacked)
+        self._ok(request, flow=number)
+
+    async def _feed_flow(
+        self, number: int, flow: Flow, scope: anyio.CancelScope, unacked: dict[int, Message]
+    ) -> None:
+        protocol = self.protocol
+        with scope:
+            while True:
+                try:
+                    message = await flow.receive()
+                except StateError as exc:  # unbound from the node's side
+                    if number in self._flows:
+                        del self._flows[number]
+                        protocol.send(K.FLOW_CLOSED, {"flow": number, "reason": str(exc)})
+                        await self.connection.flush()
+                    return
+                message_id = message.message_id
+                assert message_id is not None
+                unacked[message_id] = message
+                protocol.send_raw(encode_flow_deliver(number, message_id, message))
+                await self.connection.flush()
+
+    async def _unbind(self, request: int, header: dict[str, Any]) -> None:
+        number = header.get("flow")
+        entry = self._flows.pop(number, None) if type(number) is int else None
+        if entry is None:
+            raise StateError(f"no flow {number!r} on this connection")
+        flow, scope, _ = entry
+        scope.cancel()
+        await flow.unbind()
+        self._ok(request)
+
+    def _ack(self, header: dict[str, Any]) -> None:
+        number = header.get("flow")
+        ids = header.get("ids")
+        entry = self._flows.get(number) if type(number) is int else None
+        if type(ids) is not list:
+            raise ProtocolError("ACK needs a list of 'ids'")
+        if entry is None:
+            return  # acks racing an unbind: the messages were already given back
+        flow, _, unacked = entry
+        for message_id in ids:
+            message = unacked.pop(message_id, None) if type(message_id) is int else None
+            if message is None:
+                raise StateError(f"message {message_id!r} is not unacknowledged on flow {number}")
+            flow.ack(message)
+
+    # --- deliveries and keepalive -------------------------------------------------------
+
+    async def _pump(self) -> None:
+        session = self.session
+        out = self.protocol.out
+        receive_nowait = session.receive_nowait
+        while True:
+            try:
+                message = await session.receive()
+            except StateError:  # the session was closed (the node is stopping)
+                await self.connection.send_close("session closed by the node")
+                self._tg.cancel_scope.cancel()
+                return
+            out += encode_deliver(message)
+            while len(out) < _BATCH_BYTES:
+                message = receive_nowait()  # type: ignore[assignment]
+                if message is None:
+                    break
+                out += encode_deliver(message)
+            await self.connection.flush()
+
+    async def _keepalive(self) -> None:
+        interval = self.settings.keepalive
+        timeout = self.settings.keepalive_timeout
+        protocol = self.protocol
+        while True:
+            await anyio.sleep(min(interval, timeout) / 2)
+            now = anyio.current_time()
+            if protocol.peer_silent(now, timeout):
+                raise TransportError(f"keepalive: nothing heard for {timeout:g} s")
+            if protocol.ping_due(now, interval):
+                protocol.send(K.PING, {})
+                await self.connection.flush()
+
+
+def node_statistics(session: Session) -> dict[str, Any]:
+    """What ``meshbus stats`` shows: the node, its VPNs and its listeners."""
+    from ._server import SERVERS
+
+    node = session.node
+    stats: NodeStatistics = node.statistics()
+    result: dict[str, Any] = {"node": node.name, "totals": _as_dict(stats)}
+    result["vpns"] = {name: _as_dict(vpn.statistics()) for name, vpn in node.vpns.items()}
+    result["listeners"] = {
+        server.url: _as_dict(server.statistics()) for server in node.stash.get(SERVERS, [])
+    }
+    return result
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(value)
+
+
+def _string(header: dict[str, Any], key: str) -> str:
+    value = header.get(key)
+    if type(value) is not str:
+        raise ProtocolError(f"'{key}' must be a string")
+    return value
+
+
+_SEND_KEYS = ("persistent", "h", "ttl", "e", "r", "c")
+
+
+def _same_send(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return "topic" in a and all(a.get(k) == b.get(k) for k in _SEND_KEYS)
+
+
+def _send_options(header: dict[str, Any]) -> dict[str, Any]:
+    persistent = header.get("persistent", True)
+    headers = header.get("h")
+    ttl = header.get("ttl")
+    if type(persistent) is not bool:
+        raise ProtocolError("SEND persistent must be a boolean")
+    if headers is not None and type(headers) is not dict:
+        raise ProtocolError("SEND headers must be an object")
+    options: dict[str, Any] = {"persistent": persistent, "headers": headers, "ttl": ttl}
+    for wire, name, kind in (
+        ("e", "eliding_eligible", bool),
+        ("r", "reply_to", str),
+        ("c", "correlation_id", str),
+    ):
+        if wire in header:
+            if type(header[wire]) is not kind:
+                raise ProtocolError(f"SEND {name} must be a {kind.__name__}")
+            options[name] = header[wire]
+    return options
