@@ -5,6 +5,8 @@ The public API is what ``__all__`` lists; modules starting with ``_`` are privat
 
 from __future__ import annotations
 
+import logging
+
 from ._clock import ManualClock, SystemClock
 from ._egress import Egress
 from ._index import SubscriptionIndex
@@ -52,6 +54,9 @@ from .errors import (
 from .hookspecs import hookimpl, hookspec
 
 __version__ = "0.1.0.dev0"
+
+# A library logs; the application decides where logs go (``meshbus run`` does).
+logging.getLogger("meshbus").addHandler(logging.NullHandler())
 
 __all__ = [
     "DEFAULT_PLUGINS",

@@ -1,4 +1,4 @@
-"""The ``meshbus`` command."""
+"""The ``meshbus`` command: the demo, a standalone node, and clients of a running node."""
 
 from __future__ import annotations
 
@@ -10,11 +10,20 @@ from ._plugins import available_plugins
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Imported here: ``meshbus --version`` should not pay for the transports.
+    from meshbus.transports import _cli as clients
+    from meshbus.transports import certs
+
+    from . import _run
+
     parser = argparse.ArgumentParser(prog="meshbus", description="An embeddable message bus.")
     parser.add_argument("--version", action="version", version=f"meshbus {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="run the main demo on embedded defaults")
     commands.add_parser("plugins", help="list the installed plugins")
+    _run.add_parser(commands)
+    clients.add_parsers(commands)
+    certs.add_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from ._demo import main as demo
@@ -23,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "plugins":
         for name, ep in sorted(available_plugins().items()):
             print(f"{name:12} {ep.value}")
+    elif args.command == "run":
+        return _run.run(args)
+    elif args.command == "certs":
+        return certs.run(args)
+    else:
+        return clients.run(args)
     return 0
 
 

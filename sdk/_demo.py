@@ -173,6 +173,83 @@ async def guaranteed_demo() -> None:
                     )
 
 
+async def remote_demo() -> None:
+    # Imported here, like the CLI does: the in-process sections need no transports.
+    from meshbus.transports import ListenerSettings, TlsSettings, connect, start_server
+    from meshbus.transports.certs import (
+        make_ca,
+        make_client_certificate,
+        make_server_certificate,
+    )
+
+    _say("Remote sessions: TCP, and TLS with client certificates and compression (SPEC 6, 10)")
+    with tempfile.TemporaryDirectory() as certs:
+        make_ca(certs)
+        server_cert = make_server_certificate(certs)
+        sensor_cert = make_client_certificate(certs, "sensor")
+        ops_cert = make_client_certificate(certs, "ops")
+        async with Node(name="edge") as node:
+            plant = node.create_vpn("plant", authentication="client-certificate")
+            plant.add_user("sensor")
+            plant.add_user("ops")
+            node.guaranteed.create_queue("alarms", vpn="plant", subscriptions=["alarms/>"])
+            tcp = await start_server(node, ListenerSettings(port=0))
+            tls = await start_server(
+                node,
+                ListenerSettings(
+                    port=0,
+                    tls=TlsSettings(
+                        ca=f"{certs}/ca.pem",
+                        certificate=server_cert.certificate,
+                        private_key=server_cert.private_key,
+                        require_client_certificate=True,
+                    ),
+                ),
+            )
+            print("  node 'edge' listening on tcp://127.0.0.1:<port> and tls://127.0.0.1:<port>")
+            try:
+                async with connect(tcp.url, vpn="plant", username="sensor"):
+                    pass
+            except AuthenticationError as exc:
+                print(f"  over plain TCP: {exc}")
+
+            def client_tls(cert: object) -> TlsSettings:
+                return TlsSettings(
+                    ca=f"{certs}/ca.pem",
+                    certificate=cert.certificate,  # type: ignore[attr-defined]
+                    private_key=cert.private_key,  # type: ignore[attr-defined]
+                )
+
+            async with (
+                connect(tls.url, vpn="plant", tls=client_tls(ops_cert), compression=True) as ops,
+                connect(tls.url, vpn="plant", tls=client_tls(sensor_cert)) as sensor,
+            ):
+                print(
+                    f"  ops logged in by certificate as {ops.client_name!r}, "
+                    f"compression={ops.welcome['compression']}"
+                )
+                ops.subscribe("plant/>")
+                await ops.confirm()
+                sensor.publish("plant/boiler/pressure", b"2.4 bar")
+                message = await ops.receive()
+                print(
+                    f"  ops got {message.topic} = {message.payload.decode()} "
+                    f"from {message.sender!r}"
+                )
+                await sensor.send("alarms/boiler", b"pressure high")
+                async with await ops.bind("alarms") as flow:
+                    alarm = await flow.receive()
+                    flow.ack(alarm)
+                    print(f"  ops acked guaranteed {alarm.topic} = {alarm.payload.decode()!r}")
+                stats = await ops.node_statistics()
+                listener = stats["listeners"][tls.url]
+                print(
+                    f"  TLS listener: {listener['logins']} logins; "
+                    f"TCP listener refused {stats['listeners'][tcp.url]['refused']}"
+                )
+
+
 def main() -> None:
     anyio.run(demo)
     anyio.run(guaranteed_demo)
+    anyio.run(remote_demo)

@@ -91,6 +91,7 @@ class AccessDeniedError(MeshbusError):
     :ivar username: the client username whose ACL profile applied.
     :ivar action: ``"publish"``, ``"subscribe"`` or ``"connect"``.
     :ivar topic: the topic or filter concerned (empty for ``connect``).
+    :ivar why: the reason, when one was given.
     """
 
     def __init__(self, username: str, action: str, topic: str = "", why: str = "") -> None:
@@ -100,6 +101,7 @@ class AccessDeniedError(MeshbusError):
         self.username = username
         self.action = action
         self.topic = topic
+        self.why = why
 
 
 class AuthenticationError(AccessDeniedError):

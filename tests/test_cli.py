@@ -32,6 +32,14 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "4 orders sent in one commit: ['ok', 'ok', 'ok', 'PublishRejectedError']" in out
     assert "recovered 'order 2' redelivered=True" in out
     assert "recovered 'order 3' redelivered=False" in out
+    # remote sessions: certificate logins over TLS, refusal without one, both delivery modes
+    assert (
+        "over plain TCP: connect denied for user 'sensor': VPN requires a client certificate" in out
+    )
+    assert "compression=zlib" in out
+    assert "ops got plant/boiler/pressure = 2.4 bar" in out
+    assert "ops acked guaranteed alarms/boiler = 'pressure high'" in out
+    assert "TLS listener: 2 logins; TCP listener refused 1" in out
 
 
 def test_plugins_lists_the_builtin_direct_plugin(capsys: pytest.CaptureFixture[str]) -> None:

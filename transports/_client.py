@@ -240,6 +240,7 @@ class RemoteSession:
             else:
                 self._handler = on_message  # type: ignore[assignment]
         self._subscriptions: dict[str, None] = {}
+        self._admitted: dict[str, None] = {}  # topics already validated (bounded)
         self._requests: dict[int, _Request] = {}
         self._ids = itertools.count(1)
         self._flows: dict[int, RemoteFlow] = {}
@@ -624,8 +625,11 @@ class RemoteSession:
             raise LimitExceededError(
                 "the send buffer is full: await session.flush()", self.max_send_buffer
             )
-        if type(topic) is not str or not topic or len(topic) > 250:
+        if topic not in self._admitted:
             validate_topic(topic)  # raises with the reason
+            if len(self._admitted) >= 4096:
+                self._admitted.clear()
+            self._admitted[topic] = None
         if headers is None and not eliding_eligible and reply_to is None and correlation_id is None:
             out += encode_publish(topic, payload)
         else:
@@ -650,17 +654,11 @@ class RemoteSession:
         Subscriptions, unsubscriptions and publishes are sent without waiting;
         after ``await session.confirm()`` all of them sent before it were applied.
         """
-        await self._request(K.REQUEST, {"what": "sync"}) if False else await self._sync()
+        await self._request(K.REQUEST, {"what": "sync"})
         if self._deferred:
             error = self._deferred.popleft()
             self._deferred.clear()
             raise error
-
-    async def _sync(self) -> None:
-        try:
-            await self._request(K.REQUEST, {"what": "stats"})
-        except MeshbusError:
-            raise
 
     def subscribe(self, subscription: str) -> None:
         """Add a subscription (kept across reconnects). The node's answer comes later:

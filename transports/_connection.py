@@ -85,8 +85,8 @@ class Connection:
                 continue
             kind, header, _ = frames[0]
             if kind == FrameKind.REFUSED:
-                message = header.get("message")
-                raise AuthenticationError("?", str(message) if message else "login refused")
+                why = header.get("why") or header.get("message")
+                raise AuthenticationError("?", str(why) if why else "login refused")
             if protocol.role is Role.CLIENT and len(frames) > 1:
                 self.early = frames[1:]
             else:

@@ -169,10 +169,10 @@ class LinkProtocol:
         self._out.clear()
         self._open(compression)
 
-    def refuse(self, error: str, message: str) -> None:
+    def refuse(self, error: str, message: str, why: str = "") -> None:
         """Server: queue REFUSED; the connection is closed after it is written."""
         self._expect(Role.SERVER, "refuse")
-        self.send(K.REFUSED, {"error": error, "message": message})
+        self.send(K.REFUSED, {"error": error, "message": message, "why": why or message})
         self._closed(f"refused: {message}")
 
     def close(self, reason: str) -> None:

@@ -212,7 +212,8 @@ class Server:
             self.refused += 1
             code = "authentication" if isinstance(exc, AccessDeniedError) else "refused"
             log.warning("refused login from %s: %s", connection.peer, exc)
-            protocol.refuse(code, str(exc))
+            why = exc.why if isinstance(exc, AccessDeniedError) else ""
+            protocol.refuse(code, str(exc), why)
             await connection.flush_quietly()
             return None
         offer = hello.get("compression", [])

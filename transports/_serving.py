@@ -211,9 +211,12 @@ class ServedSession:
 
     def _request(self, request: int, header: dict[str, Any]) -> None:
         what = header.get("what")
-        if what != "stats":
+        if what == "sync":  # a barrier: everything sent before it has been applied
+            self._ok(request)
+        elif what == "stats":
+            self._ok(request, result=node_statistics(self.session))
+        else:
             raise StateError(f"unknown request {what!r}")
-        self._ok(request, result=node_statistics(self.session))
 
     # --- guaranteed publishing ----------------------------------------------------------
 

@@ -1,0 +1,164 @@
+"""``meshbus pub``, ``meshbus sub`` and ``meshbus stats``: command-line clients of a running node."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import anyio
+import orjson
+
+from meshbus.errors import MeshbusError
+
+from ._client import RemoteSession, connect
+from ._settings import DEFAULT_PORT, TlsSettings
+
+__all__ = ["add_parsers", "run"]
+
+DEFAULT_URL = f"tcp://127.0.0.1:{DEFAULT_PORT}"
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection")
+    group.add_argument(
+        "--url",
+        default=os.environ.get("MESHBUS_URL", DEFAULT_URL),
+        help="tcp://HOST:PORT or tls://HOST:PORT (default: $MESHBUS_URL or %(default)s)",
+    )
+    group.add_argument("--vpn", default="default", help="Message VPN (default: %(default)s)")
+    group.add_argument("-u", "--username", help="client username")
+    group.add_argument(
+        "-P", "--password", default=os.environ.get("MESHBUS_PASSWORD"), help="or $MESHBUS_PASSWORD"
+    )
+    group.add_argument("--client-name", help="client name (default: chosen by the node)")
+    group.add_argument("--ca", help="PEM file of the CA to trust (tls://)")
+    group.add_argument("--cert", help="client certificate PEM file (tls://)")
+    group.add_argument("--key", help="client private key PEM file (tls://)")
+    group.add_argument("--compression", action="store_true", help="compress the connection")
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``pub``, ``sub`` and ``stats`` to the ``meshbus`` command."""
+    pub = commands.add_parser("pub", help="publish messages to a running node")
+    _connection_options(pub)
+    pub.add_argument("topic")
+    pub.add_argument("message", nargs="?", help="payload (default: read stdin)")
+    pub.add_argument("-l", "--lines", action="store_true", help="one message per stdin line")
+    pub.add_argument("-n", "--count", type=int, default=1, help="send the message N times")
+    pub.add_argument(
+        "-g", "--guaranteed", action="store_true", help="guaranteed (persistent) messages"
+    )
+    pub.add_argument("--header", action="append", default=[], metavar="KEY=VALUE")
+    sub = commands.add_parser("sub", help="print messages from a running node")
+    _connection_options(sub)
+    sub.add_argument("subscriptions", nargs="*", help="topic filters (e.g. 'orders/>')")
+    sub.add_argument("-q", "--queue", help="bind to this queue instead (guaranteed)")
+    sub.add_argument("-C", "--count", type=int, default=0, help="exit after N messages")
+    sub.add_argument(
+        "-F", "--format", choices=("text", "json"), default="text", help="output format"
+    )
+    stats = commands.add_parser("stats", help="show a running node's statistics")
+    _connection_options(stats)
+
+
+def _session(args: argparse.Namespace) -> RemoteSession:
+    tls = None
+    if args.ca or args.cert or args.key:
+        tls = TlsSettings(ca=args.ca, certificate=args.cert, private_key=args.key)
+    return connect(
+        args.url,
+        vpn=args.vpn,
+        username=args.username,
+        password=args.password,
+        client_name=args.client_name,
+        tls=tls,
+        compression=args.compression,
+        reconnect=False,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``pub``, ``sub`` or ``stats``; print errors as one line and return 1."""
+    main = {"pub": _pub, "sub": _sub, "stats": _stats}[args.command]
+    try:
+        anyio.run(main, args)
+    except MeshbusError as exc:
+        print(f"meshbus {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # piped into `head` and the like: not an error
+        sys.stderr.close()
+    return 0
+
+
+async def _pub(args: argparse.Namespace) -> None:
+    headers = {}
+    for item in args.header:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise MeshbusError(f"--header needs KEY=VALUE, got {item!r}")
+        headers[key] = value
+    if args.message is not None:
+        payloads = [args.message.encode()] * max(args.count, 1)
+    elif args.lines:
+        payloads = [line.rstrip(b"\n") for line in sys.stdin.buffer]
+    else:
+        payloads = [sys.stdin.buffer.read()] * max(args.count, 1)
+    async with _session(args) as session:
+        for payload in payloads:
+            if args.guaranteed:
+                await session.send(args.topic, payload, headers=headers or None)
+            else:
+                session.publish(args.topic, payload, headers=headers or None)
+        await session.confirm()
+    print(f"published {len(payloads)} message(s) to {args.topic}", file=sys.stderr)
+
+
+async def _sub(args: argparse.Namespace) -> None:
+    if not args.subscriptions and not args.queue:
+        raise MeshbusError("give at least one subscription, or --queue")
+    received = 0
+    async with _session(args) as session:
+        for subscription in args.subscriptions:
+            session.subscribe(subscription)
+        await session.confirm()
+        print(f"subscribed to {', '.join(args.subscriptions) or args.queue}", file=sys.stderr)
+        if args.queue:
+            async with await session.bind(args.queue) as flow:
+                async for message in flow:
+                    _print(message, args.format)
+                    flow.ack(message)
+                    received += 1
+                    if received == args.count:
+                        return
+        else:
+            async for message in session:
+                _print(message, args.format)
+                received += 1
+                if received == args.count:
+                    return
+
+
+def _print(message: Any, form: str) -> None:
+    if form == "json":
+        record = {
+            "topic": message.topic,
+            "payload": message.payload.decode("utf-8", "replace"),
+            "sender": message.sender,
+            "timestamp": message.timestamp,
+            "headers": dict(message.headers),
+            "delivery_mode": message.delivery_mode.value,
+        }
+        line = orjson.dumps(record).decode()
+    else:
+        line = f"{message.topic} {message.payload.decode('utf-8', 'replace')}"
+    print(line, flush=True)
+
+
+async def _stats(args: argparse.Namespace) -> None:
+    async with _session(args) as session:
+        stats = await session.node_statistics()
+    print(orjson.dumps(stats, option=orjson.OPT_INDENT_2).decode())
