@@ -33,11 +33,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, ep in sorted(available_plugins().items()):
             print(f"{name:12} {ep.value}")
     elif args.command == "run":
-        return _run.run(args)
+        return int(_run.run(args))
     elif args.command == "certs":
-        return certs.run(args)
+        return int(certs.run(args))
     else:
-        return clients.run(args)
+        return int(clients.run(args))
     return 0
 
 

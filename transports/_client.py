@@ -316,12 +316,15 @@ class RemoteSession:
             flow.unbound = True
             flow._arrived.set()
         self._fail_requests(StateError("the session is closed"))
-        if connection is not None:
-            await connection.aclose()
+        # Stop the tasks first: a reader must not see its stream closed under it.
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
-        if self._stack is not None:
-            await self._stack.aclose()
+        try:
+            if self._stack is not None:
+                await self._stack.aclose()
+        finally:
+            if connection is not None:
+                await connection.aclose()
 
     async def _open_connection(self) -> None:
         """Connect, log in and restore state; raises on failure."""

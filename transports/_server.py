@@ -123,7 +123,13 @@ class Server:
                         ssl_context=self._context,
                         standard_compatible=False,
                     )
-            except (TimeoutError, ssl.SSLError, OSError, anyio.BrokenResourceError) as exc:
+            except (
+                TimeoutError,
+                ssl.SSLError,
+                OSError,
+                anyio.BrokenResourceError,
+                anyio.EndOfStream,
+            ) as exc:
                 self.failed += 1
                 log.warning("closing connection from %s: TLS handshake failed: %s", peer, exc)
                 await anyio.aclose_forcefully(stream)
@@ -147,6 +153,9 @@ class Server:
         self._connections.add(connection)
         try:
             await self._login_and_serve(connection, certificate_name)
+        except Exception:  # a bug must cost one connection, never the node
+            self.failed += 1
+            log.exception("closing connection from %s: internal error", peer)
         finally:
             self._connections.discard(connection)
             self._closed_bytes[0] += protocol.bytes_received

@@ -1,0 +1,188 @@
+"""The ``meshbus run`` command: serve a node from a configuration file until stopped.
+
+::
+
+    meshbus run [CONFIG] [--listen HOST:PORT ...]
+
+Without ``CONFIG`` the node takes :func:`meshbus._config.default_config`: one VPN
+``"default"`` open to all, a plain TCP listener on 127.0.0.1:55555 and its data in
+``./meshbus-data``. ``--listen`` (repeatable) replaces the configured listeners with
+plain TCP ones on those addresses (port 0 picks a free port).
+
+It prints one line per listener, ``meshbus run: node NAME listening on
+tcp://HOST:PORT`` (``tls://`` for TLS), then serves until SIGINT or SIGTERM, when it
+prints ``meshbus run: stopping (SIGTERM)``, closes the listeners and stops the node.
+Exit status: 0 after a clean stop, 1 when the node or a listener fails to start or
+stops on an error, 2 for an invalid configuration (every problem is printed to
+standard error, and nothing is started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+
+from ._config import NodeConfig, _transport_settings, default_config, load_config
+from ._node import Node
+from .errors import ConfigurationError, MeshbusError
+
+__all__ = ["add_parser", "main", "parse_address", "run"]
+
+log = logging.getLogger("meshbus.run")
+
+_PREFIX = "meshbus run:"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` (``"[::1]:PORT"`` for IPv6) as ``(host, port)``.
+
+    :raises ValueError: it is not of that form, or the port is not 0 to 65535.
+    """
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT with a port from 0 to 65535, got {text!r}")
+    return host, int(port)
+
+
+def _address(text: str) -> str:
+    """An argparse ``type`` checking ``--listen`` values (kept as text for :func:`main`)."""
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """Add the ``run`` command to the ``meshbus`` command's subparsers.
+
+    The parsed arguments are for :func:`run`.
+
+    :param subparsers: what :meth:`argparse.ArgumentParser.add_subparsers` returned.
+    :returns: the parser of ``run``.
+    """
+    parser = subparsers.add_parser(
+        "run",
+        help="serve a node from a configuration file until SIGINT or SIGTERM",
+        description="Serve a meshbus node: its VPNs, profiles, users and queues come "
+        "from CONFIG (TOML; see examples/edge-node.toml), or the defaults without it.",
+    )
+    parser.add_argument(
+        "config", nargs="?", metavar="CONFIG", help="the node's configuration file (TOML)"
+    )
+    parser.add_argument(
+        "--listen",
+        action="append",
+        default=[],
+        type=_address,
+        metavar="HOST:PORT",
+        help="listen for plain TCP here instead of the configured listeners (repeatable; "
+        "port 0 picks a free port)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="what is logged to standard error (default: info)",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out a ``meshbus run`` command parsed by a parser from :func:`add_parser`.
+
+    :returns: the exit status (see :func:`main`).
+    """
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return main(args.config, args.listen)
+
+
+def main(config_path: str | None, listen: Sequence[str] = ()) -> int:
+    """Serve the node ``config_path`` describes (the defaults for ``None``) until
+    SIGINT or SIGTERM. Call it from the main thread: it runs its own event loop.
+
+    :param listen: ``HOST:PORT`` addresses replacing the configured listeners.
+    :returns: the exit status: 0 after a clean stop, 1 when the node or a listener
+        failed, 2 for an invalid configuration or ``--listen`` address.
+    """
+    try:
+        addresses = [parse_address(text) for text in listen]
+    except ValueError as exc:
+        print(f"{_PREFIX} --listen: {exc}", file=sys.stderr)
+        return 2
+    try:
+        config = default_config(Path.cwd()) if config_path is None else load_config(config_path)
+        if addresses:
+            settings = _transport_settings().ListenerSettings
+            listeners = tuple(settings(host=host, port=port) for host, port in addresses)
+            config = attrs.evolve(config, listeners=listeners)
+        node = config.build_node()
+    except ConfigurationError as exc:
+        _print_problems(exc, config_path)
+        return 2
+    log.info("serving node %r from %s", node.name, config.source)
+    if not config.listeners:
+        log.warning("no listeners are configured: only in-process sessions can reach the node")
+    try:
+        return anyio.run(_serve, config, node)
+    except ConfigurationError as exc:  # a queue refused at provisioning
+        _print_problems(exc, config.source)
+        return 2
+    except (MeshbusError, OSError) as exc:
+        print(f"{_PREFIX} node {node.name} failed: {exc}", file=sys.stderr)
+        return 1
+
+
+def _print_problems(exc: ConfigurationError, source: str | None) -> None:
+    lines = [f"{_PREFIX} invalid configuration {source or '<defaults>'}:"]
+    lines += [f"  {problem}" for problem in exc.problems]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+async def _serve(config: NodeConfig, node: Node) -> int:
+    # Imported here: the transports are optional for an embedded node.
+    from meshbus.transports import start_server  # type: ignore[import-not-found,unused-ignore]
+
+    # Opened first, so a signal that comes while the node starts is not lost.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with node:
+            await config.provision(node)
+            servers: list[Any] = []
+            try:
+                for settings in config.listeners:
+                    try:
+                        server = await start_server(node, settings)
+                    except (OSError, MeshbusError) as exc:
+                        where, why = f"{settings.host}:{settings.port}", str(exc)
+                        # The transports' errors already name the address.
+                        why = why if where in why else f"cannot listen on {where}: {why}"
+                        print(f"{_PREFIX} {why}", file=sys.stderr)
+                        return 1
+                    servers.append(server)
+                    print(f"{_PREFIX} node {node.name} listening on {server.url}", flush=True)
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    print(f"{_PREFIX} stopping ({name})", flush=True)
+                    log.info("stopping node %r on %s", node.name, name)
+                    break
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for server in reversed(servers):
+                        await server.aclose()
+    return 0

@@ -1,0 +1,401 @@
+"""``meshbus run``: serve a node from a configuration file until SIGINT or SIGTERM.
+
+The serving tests run the real command in a subprocess (it owns its event loop and
+its signal handlers); the configuration paths are also checked in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from meshbus import AuthenticationError
+from meshbus._run import add_parser, main, parse_address, run
+from meshbus.transports import connect
+from meshbus.transports.certs import make_ca, make_server_certificate
+
+WAIT = 30.0  # seconds any one step may take before the test gives up
+LISTENING = "meshbus run: node {name} listening on "
+
+
+class Command:
+    """``python -m meshbus run ARGS`` in ``cwd``, its output read line by line."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "meshbus", "run", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        assert self.process.stderr is not None
+        self.stdout: queue.Queue[str | None] = queue.Queue()
+        self.stdout_lines: list[str] = []
+        self.stderr_lines: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.process.stdout, self.stdout.put)),
+            threading.Thread(target=self._read, args=(self.process.stderr, self._stderr)),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _stderr(self, line: str | None) -> None:
+        if line is not None:
+            self.stderr_lines.append(line)
+
+    @staticmethod
+    def _read(stream: IO[str], put: Callable[[str | None], object]) -> None:
+        try:
+            for line in stream:
+                put(line.rstrip("\n"))
+        except (OSError, ValueError):  # closed under us when the test gives up
+            pass
+        finally:
+            put(None)
+
+    def next_line(self, deadline: float) -> str | None:
+        """The next line of standard output; ``None`` at its end."""
+        try:
+            line = self.stdout.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(
+                f"no output within {WAIT} s; so far: {self.stdout_lines}, "
+                f"stderr: {self.stderr_lines}"
+            ) from None
+        if line is not None:
+            self.stdout_lines.append(line)
+        return line
+
+    def wait_for(self, prefix: str, count: int = 1) -> list[str]:
+        """Read standard output until ``count`` lines starting with ``prefix`` came."""
+        deadline = time.monotonic() + WAIT
+        found: list[str] = []
+        while len(found) < count:
+            line = self.next_line(deadline)
+            if line is None:
+                raise AssertionError(
+                    f"exited ({self.process.wait(WAIT)}) before {prefix!r}: "
+                    f"stdout {self.stdout_lines}, stderr {self.stderr_lines}"
+                )
+            if line.startswith(prefix):
+                found.append(line)
+        return found
+
+    def finish(self, signum: int | None = None) -> int:
+        """Send ``signum`` (if any), read everything and return the exit status."""
+        if signum is not None:
+            self.process.send_signal(signum)
+        status = self.process.wait(WAIT)
+        deadline = time.monotonic() + WAIT
+        while self.next_line(deadline) is not None:
+            pass
+        for reader in self._readers:
+            reader.join(WAIT)
+        return status
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(WAIT)
+        for stream in (self.process.stdout, self.process.stderr):
+            assert stream is not None
+            stream.close()
+        for reader in self._readers:
+            reader.join(WAIT)
+
+
+Start = Callable[[list[str], Path], Command]
+
+
+@pytest.fixture
+def command() -> Iterator[Start]:
+    """Start commands with ``command(args, cwd)``; each is killed if still running."""
+    started: list[Command] = []
+
+    def start(args: list[str], cwd: Path) -> Command:
+        started.append(Command(args, cwd))
+        return started[-1]
+
+    yield start
+    for cmd in started:
+        cmd.close()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("certs")
+    make_ca(folder)
+    make_server_certificate(folder)
+    return folder
+
+
+def write_config(folder: Path, text: str) -> Path:
+    path = folder / "edge.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+BAD_CONFIG = """
+[node]
+plugins = ["direct", "guaranted"]
+[[listeners]]
+port = 70000
+[vpns.default.users.alice]
+client_profile = "gold"
+"""
+
+BAD_PROBLEMS = [
+    "meshbus run: invalid configuration edge.toml:",
+    "  edge.toml: node.plugins[1]: unknown plugin 'guaranted' (did you mean 'guaranteed'?); "
+    "installed: direct, eliding, guaranteed, shared",
+    "  edge.toml: listeners[0].port: must be an integer from 0 to 65535, got 70000",
+    "  edge.toml: vpns.default.users.alice.client_profile: "
+    "no client profile named 'gold' in VPN 'default'",
+]
+
+
+# --- the command, in a subprocess ----------------------------------------------------------
+
+
+def test_serves_the_configuration_until_sigterm(command: Start, tmp_path: Path) -> None:
+    write_config(
+        tmp_path,
+        """
+        [node]
+        name = "edge-test"
+        data_dir = "spool"
+        [[listeners]]
+        port = 0
+        [vpns.default.queues.orders]
+        subscriptions = ["orders/>"]
+        """,
+    )
+    cmd = command(["edge.toml"], tmp_path)
+    (line,) = cmd.wait_for(LISTENING.format(name="edge-test"))
+    address = line.removeprefix(LISTENING.format(name="edge-test"))
+    assert address.startswith("tcp://127.0.0.1:")
+    port = int(address.rpartition(":")[2])
+    assert port > 0
+    socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
+    assert (tmp_path / "spool").is_dir()
+
+    assert cmd.finish(signal.SIGTERM) == 0
+    assert cmd.stdout_lines[-1] == "meshbus run: stopping (SIGTERM)"
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
+
+
+async def test_remote_clients_log_in_as_the_configuration_says(
+    command: Start, tmp_path: Path
+) -> None:
+    write_config(
+        tmp_path,
+        """
+        [[listeners]]
+        port = 0
+        [vpns.plant]
+        authentication = "basic"
+        [vpns.plant.users.sensor]
+        password = "${ENV:HOME}-secret"
+        [vpns.plant.queues.alarms]
+        subscriptions = ["alarms/>"]
+        """,
+    )
+    cmd = command(["edge.toml"], tmp_path)
+    (line,) = await anyio.to_thread.run_sync(cmd.wait_for, LISTENING.format(name="meshbus"))
+    url = line.removeprefix(LISTENING.format(name="meshbus"))
+    password = f"{os.environ['HOME']}-secret"
+
+    with pytest.raises(AuthenticationError):
+        async with connect(url, vpn="plant", username="sensor", password="guess", reconnect=False):
+            pass
+    async with connect(url, vpn="plant", username="sensor", password=password) as session:
+        await session.send("alarms/boiler", b"too hot")
+        flow = await session.bind("alarms")
+        with anyio.fail_after(WAIT):
+            message = await flow.receive()
+        assert message.payload == b"too hot"
+        flow.ack(message)
+        await flow.unbind()
+
+    assert await anyio.to_thread.run_sync(cmd.finish, signal.SIGTERM) == 0
+
+
+def test_sigint_stops_it_too(command: Start, tmp_path: Path) -> None:
+    cmd = command(["--listen", "127.0.0.1:0"], tmp_path)
+    cmd.wait_for(LISTENING.format(name="meshbus"))
+    assert cmd.finish(signal.SIGINT) == 0
+    assert cmd.stdout_lines[-1] == "meshbus run: stopping (SIGINT)"
+
+
+def test_a_tls_listener_is_announced_as_tls(command: Start, tmp_path: Path, certs: Path) -> None:
+    write_config(
+        tmp_path,
+        f"""
+        [[listeners]]
+        port = 0
+        [listeners.tls]
+        certificate = "{certs}/server.pem"
+        private_key = "{certs}/server-key.pem"
+        [[listeners]]
+        port = 0
+        """,
+    )
+    cmd = command([str(tmp_path / "edge.toml")], tmp_path)
+    first, second = cmd.wait_for(LISTENING.format(name="meshbus"), count=2)
+    assert first.startswith(LISTENING.format(name="meshbus") + "tls://127.0.0.1:")
+    assert second.startswith(LISTENING.format(name="meshbus") + "tcp://127.0.0.1:")
+    assert cmd.finish(signal.SIGTERM) == 0
+
+
+def test_an_invalid_configuration_prints_every_problem_and_starts_nothing(
+    command: Start, tmp_path: Path
+) -> None:
+    write_config(tmp_path, BAD_CONFIG)
+    cmd = command(["edge.toml"], tmp_path)
+    assert cmd.finish() == 2
+    assert cmd.stdout_lines == []
+    assert cmd.stderr_lines == BAD_PROBLEMS
+    assert not (tmp_path / "meshbus-data").exists()
+
+
+def test_without_a_file_it_serves_the_defaults_in_the_current_folder(
+    command: Start, tmp_path: Path
+) -> None:
+    cmd = command(["--listen", "127.0.0.1:0"], tmp_path)
+    (line,) = cmd.wait_for(LISTENING.format(name="meshbus"))
+    assert line.startswith(LISTENING.format(name="meshbus") + "tcp://127.0.0.1:")
+    assert (tmp_path / "meshbus-data").is_dir()
+    assert cmd.finish(signal.SIGTERM) == 0
+
+
+def test_listen_replaces_the_configured_listeners(
+    command: Start, tmp_path: Path, certs: Path
+) -> None:
+    write_config(
+        tmp_path,
+        f"""
+        [[listeners]]
+        port = 1
+        [[listeners]]
+        port = 2
+        [listeners.tls]
+        certificate = "{certs}/server.pem"
+        private_key = "{certs}/server-key.pem"
+        """,
+    )
+    cmd = command(["edge.toml", "--listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"], tmp_path)
+    lines = cmd.wait_for(LISTENING.format(name="meshbus"), count=2)
+    assert all("tcp://127.0.0.1:" in line for line in lines)
+    assert cmd.finish(signal.SIGTERM) == 0
+    assert sum(line.startswith("meshbus run: node") for line in cmd.stdout_lines) == 2
+
+
+def test_a_port_in_use_fails_with_status_1(command: Start, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = command(["--listen", f"127.0.0.1:{port}"], tmp_path)
+        assert cmd.finish() == 1
+    assert any(
+        line.startswith("meshbus run: ") and f"127.0.0.1:{port}" in line
+        for line in cmd.stderr_lines
+    ), cmd.stderr_lines
+
+
+def test_a_bad_listen_address_is_a_usage_error(command: Start, tmp_path: Path) -> None:
+    cmd = command(["--listen", "localhost"], tmp_path)
+    assert cmd.finish() == 2
+    assert "HOST:PORT" in "\n".join(cmd.stderr_lines)
+
+
+# --- the same paths, in-process -------------------------------------------------------------
+
+
+def test_main_prints_every_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_config(tmp_path, BAD_CONFIG)
+    monkeypatch.chdir(tmp_path)
+    assert main("edge.toml", ["127.0.0.1:0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == BAD_PROBLEMS
+
+
+def test_main_reports_a_missing_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main("nowhere.toml") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "meshbus run: invalid configuration nowhere.toml:",
+        "  nowhere.toml: cannot read the file: No such file or directory",
+    ]
+
+
+def test_main_refuses_a_bad_listen_address(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(None, ["127.0.0.1:99999"]) == 2
+    assert capsys.readouterr().err == (
+        "meshbus run: --listen: expected HOST:PORT with a port from 0 to 65535, "
+        "got '127.0.0.1:99999'\n"
+    )
+
+
+def test_the_parser_feeds_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="meshbus")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["run", "edge.toml", "--listen", "[::1]:0", "--listen", "h:1"])
+    assert (args.command, args.config, args.listen) == ("run", "edge.toml", ["[::1]:0", "h:1"])
+    assert args.log_level == "info"
+    assert parser.parse_args(["run"]).config is None
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["run", "--listen", "nonsense"])
+    assert exc.value.code == 2
+    assert "--listen: expected HOST:PORT" in capsys.readouterr().err
+
+    configured: list[object] = []
+    monkeypatch.setattr("logging.basicConfig", lambda **kwargs: configured.append(kwargs))
+    write_config(tmp_path, BAD_CONFIG)
+    monkeypatch.chdir(tmp_path)
+    assert run(args) == 2
+    assert len(configured) == 1
+    assert capsys.readouterr().err.splitlines() == BAD_PROBLEMS
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        ("127.0.0.1:0", ("127.0.0.1", 0)),
+        ("0.0.0.0:55555", ("0.0.0.0", 55555)),
+        ("[::1]:80", ("::1", 80)),
+        ("edge.local:65535", ("edge.local", 65535)),
+    ],
+)
+def test_parse_address(text: str, address: tuple[str, int]) -> None:
+    assert parse_address(text) == address
+
+
+@pytest.mark.parametrize("text", ["", "host", ":80", "host:", "host:http", "host:65536", "h:-1"])
+def test_parse_address_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="expected HOST:PORT"):
+        parse_address(text)
