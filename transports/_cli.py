@@ -1,4 +1,4 @@
-"""``meshbus pub``, ``meshbus sub`` and ``meshbus stats``: command-line clients of a running node."""
+"""``meshbus pub``, ``sub`` and ``stats``: command-line clients of a running node."""
 
 from __future__ import annotations
 
@@ -122,12 +122,11 @@ async def _sub(args: argparse.Namespace) -> None:
         raise MeshbusError("give at least one subscription, or --queue")
     received = 0
     async with _session(args) as session:
-        for subscription in args.subscriptions:
-            session.subscribe(subscription)
-        await session.confirm()
-        print(f"subscribed to {', '.join(args.subscriptions) or args.queue}", file=sys.stderr)
         if args.queue:
+            if args.subscriptions:
+                raise MeshbusError("give subscriptions or --queue, not both")
             async with await session.bind(args.queue) as flow:
+                print(f"bound to queue {args.queue}", file=sys.stderr)
                 async for message in flow:
                     _print(message, args.format)
                     flow.ack(message)
@@ -135,6 +134,10 @@ async def _sub(args: argparse.Namespace) -> None:
                     if received == args.count:
                         return
         else:
+            for subscription in args.subscriptions:
+                session.subscribe(subscription)
+            await session.confirm()
+            print(f"subscribed to {', '.join(args.subscriptions)}", file=sys.stderr)
             async for message in session:
                 _print(message, args.format)
                 received += 1

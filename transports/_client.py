@@ -41,7 +41,14 @@ from meshbus.errors import (
     TransportError,
 )
 
-from ._codec import decode_deliver, decode_flow_deliver, encode_publish
+from ._codec import (
+    PublishEntry,
+    decode_deliver,
+    decode_deliver_batch,
+    decode_flow_deliver,
+    encode_publish_batch,
+    publish_options,
+)
 from ._compression import ALGORITHMS
 from ._connection import Connection, unwrap_errors
 from ._framing import FrameKind
@@ -55,6 +62,8 @@ log = logging.getLogger("meshbus.transports")
 
 K = FrameKind
 _DELIVER = int(K.DELIVER)
+_DELIVER_BATCH = int(K.DELIVER_BATCH)
+_BATCH_MESSAGES = 4096  # publishes per PUBLISH_BATCH frame, at most
 _FLOW_DELIVER = int(K.FLOW_DELIVER)
 _OK = int(K.OK)
 _ERROR = int(K.ERROR)
@@ -103,15 +112,36 @@ _CODES: dict[str, type[MeshbusError]] = {
 
 
 def _error_from(header: dict[str, Any]) -> MeshbusError:
-    """The error an ERROR frame stands for, as the class the node raised."""
+    """The error an ERROR frame stands for: the class the node raised, its attributes
+    rebuilt, and the node's own message."""
     code = header.get("error")
     message = str(header.get("message", "request failed"))
     cls = _CODES.get(code, MeshbusError) if isinstance(code, str) else MeshbusError
-    if cls is PublishRejectedError:
-        reason = header.get("reason")
-        return PublishRejectedError(reason if isinstance(reason, str) else "rejected", message)
-    error: MeshbusError = cls.__new__(cls)
-    Exception.__init__(error, message)
+    given = header.get("attrs")
+    a: dict[str, Any] = given if isinstance(given, dict) else {}
+
+    def text(key: str) -> str:
+        value = a.get(key)
+        return value if isinstance(value, str) else ""
+
+    def number(key: str) -> int | None:
+        value = a.get(key)
+        return value if type(value) is int else None
+
+    error: MeshbusError
+    if cls is InvalidTopicError:
+        error = InvalidTopicError(text("topic"), text("reason"), number("level"))
+    elif cls is AccessDeniedError:
+        error = AccessDeniedError(text("username"), text("action"), text("topic"), text("why"))
+    elif cls is PublishRejectedError:
+        error = PublishRejectedError(
+            text("reason") or "rejected", "", number("limit"), number("size")
+        )
+    elif cls is LimitExceededError:
+        error = LimitExceededError(message, number("limit") or 0)
+    else:
+        error = cls(message)
+    error.args = (message,)  # the node's words, exactly
     return error
 
 
@@ -135,6 +165,7 @@ class RemoteFlow(Flow):
         self._messages: deque[Message] = deque()
         self._arrived = anyio.Event()
         self._delivered: set[int] = set()  # ids handed out on the current connection
+        self._stale: set[int] = set()  # handed out before a reconnect: the node gave them back
         self.unbound = False
 
     def _push(self, message: Message) -> None:
@@ -145,6 +176,7 @@ class RemoteFlow(Flow):
         # The node gave back what was unacknowledged on the old connection: it comes again.
         self.number = number
         self._messages.clear()
+        self._stale |= self._delivered
         self._delivered.clear()
 
     async def receive(self) -> Message:
@@ -161,8 +193,8 @@ class RemoteFlow(Flow):
     def ack(self, message: Message) -> None:
         message_id = message.message_id
         if message_id is None or message_id not in self._delivered:
-            # From before a reconnect: the node redelivers it; nothing to ack here.
-            if message_id is not None and self.number:
+            if message_id in self._stale:  # from before a reconnect: it comes again
+                self._stale.discard(message_id)
                 return
             raise StateError(f"message {message_id!r} is not unacknowledged on this flow")
         self._delivered.discard(message_id)
@@ -241,6 +273,8 @@ class RemoteSession:
                 self._handler = on_message  # type: ignore[assignment]
         self._subscriptions: dict[str, None] = {}
         self._admitted: dict[str, None] = {}  # topics already validated (bounded)
+        self._pending: list[PublishEntry] = []  # publishes the writer has not encoded yet
+        self._pending_bytes = 0
         self._requests: dict[int, _Request] = {}
         self._ids = itertools.count(1)
         self._flows: dict[int, RemoteFlow] = {}
@@ -346,8 +380,9 @@ class RemoteSession:
             with anyio.fail_after(self.connect_timeout):
                 try:
                     welcome = await connection.receive_handshake()
-                except AuthenticationError as exc:
-                    raise AuthenticationError(self.username or "default", exc.why) from None
+                except AuthenticationError as exc:  # name the user as the node did
+                    username = exc.username or self.username or "default"
+                    raise AuthenticationError(username, exc.why) from None
         except TimeoutError:
             await connection.aclose()
             raise TransportError(f"connecting to {self.url}: no answer to the login") from None
@@ -403,6 +438,8 @@ class RemoteSession:
 
     async def _lost(self) -> None:
         self._connected = False
+        for flow in self._flow_list:  # the node gives their messages back: they come again
+            flow._rebound(0)
         if self._connection is not None:
             await self._connection.aclose()
         if not self.reconnect:
@@ -430,18 +467,23 @@ class RemoteSession:
         while protocol.state is LinkState.OPEN:
             frames = await connection.receive_frames()
             for kind, header, payload in frames:
-                if kind == _DELIVER:
-                    message = decode_deliver(header, payload)
-                    if handler is None:
+                if kind == _DELIVER_BATCH:
+                    messages = decode_deliver_batch(header, payload)
+                elif kind == _DELIVER:
+                    messages = [decode_deliver(header, payload)]
+                else:
+                    on_frame(kind, header, payload)
+                    continue
+                if handler is None:
+                    for message in messages:
                         egress_push(message)
-                    else:
+                else:
+                    for message in messages:
                         self.delivered += 1
                         try:
                             handler(message)
                         except Exception:
                             self._handler_failed()
-                else:
-                    on_frame(kind, header, payload)
             if protocol.out:
                 self._kick.set()
         if not self._closing:
@@ -463,6 +505,10 @@ class RemoteSession:
                 if request is None:
                     self._defer(error)
                 else:
+                    if request.frame[0] == K.SUBSCRIBE and not self.closed:
+                        # Refused: forget it (not restored) and report it at confirm().
+                        self._subscriptions.pop(request.frame[1]["subscription"], None)
+                        self._defer(error)
                     request.result = error
                     request.done.set()
             elif request is not None:
@@ -488,6 +534,7 @@ class RemoteSession:
         while True:
             await self._kick.wait()
             self._kick = anyio.Event()
+            self._encode_pending()
             await connection.flush()
             self._written.set()
             self._written = anyio.Event()
@@ -527,8 +574,20 @@ class RemoteSession:
 
     # --- requests -----------------------------------------------------------------------
 
+    def _encode_pending(self) -> None:
+        """Move buffered publishes into the protocol's output, as batch frames."""
+        pending = self._pending
+        if not pending or self._protocol is None:
+            return
+        out = self._protocol.out
+        for start in range(0, len(pending), _BATCH_MESSAGES):
+            out += encode_publish_batch(pending[start : start + _BATCH_MESSAGES])
+        pending.clear()
+        self._pending_bytes = 0
+
     def _send_frame(self, kind: FrameKind, header: dict[str, Any], payload: bytes = b"") -> None:
         if self._connected and self._protocol is not None:
+            self._encode_pending()  # keep the order the application made its calls in
             self._protocol.send(kind, header, payload)
             self._kick.set()
 
@@ -543,6 +602,7 @@ class RemoteSession:
             self._requests[request_id] = request
             self._tg_start(self._await_rebind, request, flow)
         if self._connected and self._protocol is not None:
+            self._encode_pending()  # keep the order the application made its calls in
             self._protocol.send(kind, {**header, "id": request_id}, payload)
             self._kick.set()
         return request_id
@@ -623,8 +683,7 @@ class RemoteSession:
             return
         if type(payload) is not bytes:
             payload = _as_bytes(payload)
-        out = protocol.out
-        if len(out) > self.max_send_buffer:
+        if self._pending_bytes > self.max_send_buffer:
             raise LimitExceededError(
                 "the send buffer is full: await session.flush()", self.max_send_buffer
             )
@@ -634,11 +693,11 @@ class RemoteSession:
                 self._admitted.clear()
             self._admitted[topic] = None
         if headers is None and not eliding_eligible and reply_to is None and correlation_id is None:
-            out += encode_publish(topic, payload)
+            self._pending.append((topic, payload, None))
         else:
-            out += encode_publish(
-                topic, payload, headers, eliding_eligible, reply_to, correlation_id
-            )
+            options = publish_options(headers, eliding_eligible, reply_to, correlation_id)
+            self._pending.append((topic, payload, options))
+        self._pending_bytes += len(payload)
         self.published += 1
         self._kick.set()
 
@@ -646,7 +705,7 @@ class RemoteSession:
         """Wait until everything buffered so far has been written to the connection."""
         self._check_open()
         protocol = self._protocol
-        if self._connected and protocol is not None and protocol.out:
+        if self._connected and protocol is not None and (protocol.out or self._pending):
             written = self._written
             self._kick.set()
             await written.wait()
@@ -676,13 +735,6 @@ class RemoteSession:
         self._subscriptions[subscription] = None
         request = _Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
         self._send_request(request)
-        self._tg_start(self._watch_subscription, request, subscription)
-
-    async def _watch_subscription(self, request: _Request, subscription: str) -> None:
-        await request.done.wait()
-        if isinstance(request.result, MeshbusError) and not self.closed:
-            self._subscriptions.pop(subscription, None)
-            self._defer(request.result)
 
     def unsubscribe(self, subscription: str) -> None:
         """Remove a subscription."""
@@ -696,9 +748,27 @@ class RemoteSession:
         """Wait for the next message. :raises StateError: closed, or ``on_message`` is set."""
         if self._handler is not None or self._async_handler is not None:
             raise StateError("this session delivers to its on_message handler")
-        message = await self._egress.get()
+        message = self._egress.get_nowait()  # no await while messages are waiting
+        if message is None:
+            await self._write_before_waiting()
+            message = await self._egress.get()
         self.delivered += 1
         return message
+
+    async def _write_before_waiting(self) -> None:
+        """About to wait: write what is buffered now rather than in the writer's turn.
+
+        A request followed by a wait for its reply saves one scheduling pass this way.
+        """
+        connection = self._connection
+        if (
+            self._connected
+            and connection is not None
+            and (self._pending or connection.protocol.out)
+        ):
+            self._encode_pending()
+            with contextlib.suppress(TransportError):  # the reader sees it too, and reconnects
+                await connection.flush()
 
     def receive_nowait(self) -> Message | None:
         """The next waiting message, or ``None``."""

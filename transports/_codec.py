@@ -5,6 +5,12 @@ Data frames carry an array header, shortest for the common message::
     PUBLISH       [topic]                                  or [topic, options]
     DELIVER       [topic, sender, timestamp]               or [..., options]
     FLOW_DELIVER  [flow, message_id, topic, sender, timestamp, options]
+    PUBLISH_BATCH [[topic, size], [topic, size, options], ...]
+    DELIVER_BATCH [[topic, sender, timestamp, size], [..., size, options], ...]
+
+The batch frames carry the payloads joined in order, ``size`` bytes each. They
+are how a busy connection moves direct messages: one header parse and one
+frame per write instead of one per message.
 
 ``options`` is an object holding only what differs from the defaults, with
 short keys (see ``_OPTION_KEYS``). Decoding checks every type before building
@@ -27,6 +33,10 @@ from ._framing import FrameKind
 
 __all__ = [
     "decode_deliver",
+    "decode_deliver_batch",
+    "decode_publish_batch",
+    "encode_deliver_batch",
+    "encode_publish_batch",
     "decode_flow_deliver",
     "decode_publish",
     "encode_deliver",
@@ -43,6 +53,8 @@ _new = object.__new__
 _DELIVER = FrameKind.DELIVER
 _PUBLISH = FrameKind.PUBLISH
 _FLOW_DELIVER = FrameKind.FLOW_DELIVER
+_PUBLISH_BATCH = FrameKind.PUBLISH_BATCH
+_DELIVER_BATCH = FrameKind.DELIVER_BATCH
 _MODES = {mode.value: mode for mode in DeliveryMode}
 
 
@@ -85,7 +97,8 @@ def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOption
     """:class:`MessageOptions` from wire keys; :class:`ProtocolError` on bad types."""
     if type(wire) is not dict:
         raise ProtocolError("message options must be an object")
-    mode = _MODES.get(wire.get("m", "direct"))
+    mode_name = wire.get("m", "direct")
+    mode = _MODES.get(mode_name) if type(mode_name) is str else None  # [] is unhashable
     if mode is None:
         raise ProtocolError(f"unknown delivery mode {wire.get('m')!r}")
     headers = wire.get("h", {})
@@ -228,3 +241,121 @@ def _message(
     message.timestamp = timestamp  # type: ignore[misc]
     message.options = options  # type: ignore[misc]
     return message
+
+
+# --- batches ----------------------------------------------------------------------
+
+PublishEntry = tuple[str, bytes, "dict[str, Any] | None"]
+"""A direct publish waiting to be written: topic, payload, wire options or ``None``."""
+
+
+def publish_options(
+    headers: Mapping[str, Any] | None,
+    eliding_eligible: bool,
+    reply_to: str | None,
+    correlation_id: str | None,
+) -> dict[str, Any] | None:
+    """The wire options of a direct publish, ``None`` for the defaults."""
+    if headers is None and not eliding_eligible and reply_to is None and correlation_id is None:
+        return None
+    wire: dict[str, Any] = {}
+    if headers:
+        wire["h"] = dict(headers)
+    if eliding_eligible:
+        wire["e"] = True
+    if reply_to is not None:
+        wire["r"] = reply_to
+    if correlation_id is not None:
+        wire["c"] = correlation_id
+    return wire
+
+
+def encode_publish_batch(entries: list[PublishEntry]) -> bytes:
+    """One PUBLISH_BATCH frame for ``entries`` (in order)."""
+    head = [
+        (topic, len(payload)) if options is None else (topic, len(payload), options)
+        for topic, payload, options in entries
+    ]
+    try:
+        header = _dumps(head)
+    except TypeError as exc:
+        raise TypeError(f"message headers must be JSON-serializable: {exc}") from None
+    return _frame(_PUBLISH_BATCH, header, b"".join([e[1] for e in entries]))
+
+
+def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry]:
+    """The entries of a PUBLISH_BATCH frame, sizes and types checked."""
+    entries: list[PublishEntry] = []
+    offset = 0
+    total = len(payload)
+    for item in header:
+        if type(item) is not list or not 2 <= len(item) <= 3:
+            raise ProtocolError(
+                "PUBLISH_BATCH entry must be [topic, size] or [topic, size, options]"
+            )
+        topic = item[0]
+        size = item[1]
+        if type(topic) is not str or type(size) is not int or size < 0:
+            raise ProtocolError("PUBLISH_BATCH entry has a malformed topic or size")
+        end = offset + size
+        if end > total:
+            raise ProtocolError("PUBLISH_BATCH sizes exceed the payload")
+        options = item[2] if len(item) == 3 else None
+        if options is not None and type(options) is not dict:
+            raise ProtocolError("PUBLISH_BATCH options must be an object")
+        entries.append((topic, payload[offset:end], options))
+        offset = end
+    if offset != total:
+        raise ProtocolError("PUBLISH_BATCH sizes do not add up to the payload")
+    return entries
+
+
+def encode_deliver_batch(messages: list[Message]) -> bytes:
+    """One DELIVER_BATCH frame for ``messages`` (in order)."""
+    head = [
+        (m.topic, m.sender, m.timestamp, len(m.payload))
+        if m.options is DEFAULT_OPTIONS
+        else (m.topic, m.sender, m.timestamp, len(m.payload), options_to_wire(m.options))
+        for m in messages
+    ]
+    return _frame(_DELIVER_BATCH, _dumps(head), b"".join([m.payload for m in messages]))
+
+
+def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
+    """The messages of a DELIVER_BATCH frame, sizes and types checked."""
+    messages: list[Message] = []
+    append = messages.append
+    offset = 0
+    total = len(payload)
+    for item in header:
+        if type(item) is not list:
+            raise ProtocolError("DELIVER_BATCH entry must be an array")
+        n = len(item)
+        if n == 4:
+            topic, sender, timestamp, size = item
+            options = DEFAULT_OPTIONS
+        elif n == 5:
+            topic, sender, timestamp, size, wire = item
+            options = options_from_wire(wire)
+        else:
+            raise ProtocolError(f"DELIVER_BATCH entry has {n} items, not 4 or 5")
+        if type(size) is not int or size < 0 or offset + size > total:
+            raise ProtocolError("DELIVER_BATCH entry has a bad size")
+        if (
+            type(topic) is not str
+            or (sender is not None and type(sender) is not str)
+            or (type(timestamp) is not float and type(timestamp) is not int)
+        ):
+            raise ProtocolError("DELIVER_BATCH entry has a malformed topic, sender or timestamp")
+        end = offset + size
+        message = _new(Message)
+        message.topic = topic  # type: ignore[misc]
+        message.payload = payload[offset:end]  # type: ignore[misc]
+        message.sender = sender  # type: ignore[misc]
+        message.timestamp = timestamp  # type: ignore[misc]
+        message.options = options  # type: ignore[misc]
+        append(message)
+        offset = end
+    if offset != total:
+        raise ProtocolError("DELIVER_BATCH sizes do not add up to the payload")
+    return messages

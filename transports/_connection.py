@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from meshbus.errors import AuthenticationError, MeshbusError, ProtocolError, TransportError
 
@@ -56,7 +57,7 @@ class Connection:
         self.stream = stream
         self.protocol = protocol
         self.peer = peer
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)  # no extra scheduling pass when free
         self.closed = False
         #: Frames that arrived in the same read as the handshake frame (client side).
         self.early: list[tuple[int, Any, bytes]] = []
@@ -67,9 +68,13 @@ class Connection:
         :raises TransportError: the stream ended or failed (a ``ProtocolError``
             when the bytes broke the protocol).
         """
+        protocol = self.protocol
+        if protocol.has_pending_input:  # inflate what is already here before reading more
+            await anyio.lowlevel.checkpoint()
+            return protocol.receive_data(b"", _current_time())
         with map_exceptions(f"reading from {self.peer}"):
             data = await self.stream.receive(READ_SIZE)
-        return self.protocol.receive_data(data, _current_time())
+        return protocol.receive_data(data, _current_time())
 
     async def receive_handshake(self) -> dict[str, Any]:
         """Read until the handshake frame: HELLO (server side) or WELCOME (client side).
@@ -86,7 +91,11 @@ class Connection:
             kind, header, _ = frames[0]
             if kind == FrameKind.REFUSED:
                 why = header.get("why") or header.get("message")
-                raise AuthenticationError("?", str(why) if why else "login refused")
+                username = header.get("username")
+                raise AuthenticationError(
+                    username if isinstance(username, str) else "",
+                    str(why) if why else "login refused",
+                )
             if protocol.role is Role.CLIENT and len(frames) > 1:
                 self.early = frames[1:]
             else:

@@ -25,13 +25,17 @@ import orjson
 
 from meshbus.errors import ProtocolError
 
-__all__ = ["HEADER_LIMIT", "FrameDecoder", "FrameKind", "encode_frame"]
+__all__ = ["HEADER_DEPTH_LIMIT", "HEADER_LIMIT", "FrameDecoder", "FrameKind", "encode_frame"]
 
 _PREFIX = struct.Struct("!IBI")
 _PREFIX_SIZE = _PREFIX.size  # 9
 _BODY_MIN = _PREFIX_SIZE - 4  # kind + header length
 HEADER_LIMIT = 1024 * 1024
 """Largest JSON header a frame may carry, whatever the frame size limit."""
+HEADER_DEPTH_LIMIT = 100
+"""Deepest nesting of arrays and objects in a header. orjson reads 1024 levels but
+writes only 254: a deeper header (say, message headers a client published) could not
+be written again to a subscriber, so it is refused where it comes in."""
 
 
 class FrameKind(enum.IntEnum):
@@ -63,6 +67,10 @@ class FrameKind(enum.IntEnum):
     """Node to client: a direct message for the session (array header)."""
     SEND = 22
     """Client to node: a guaranteed message; acknowledged by OK or ERROR (``id``)."""
+    PUBLISH_BATCH = 23
+    """Client to node: several direct messages in one frame (array header, joined payloads)."""
+    DELIVER_BATCH = 24
+    """Node to client: several direct messages in one frame (array header, joined payloads)."""
     BIND = 30
     """Bind a flow to a queue or topic endpoint; OK carries the flow number."""
     UNBIND = 31
@@ -93,65 +101,130 @@ class FrameDecoder:
 
     :param max_frame_size: largest ``length`` accepted; a bigger one is a
         :class:`~meshbus.ProtocolError` raised before its bytes are buffered.
+    :param accept: when given, the only frame kinds accepted, each with the JSON
+        type its header must have (``dict`` or ``list``); others are errors.
     """
 
-    __slots__ = ("_buffer", "max_frame_size")
+    __slots__ = ("_chunks", "_need", "_size", "accept", "max_frame_size", "saw_control")
 
-    def __init__(self, max_frame_size: int) -> None:
+    def __init__(self, max_frame_size: int, accept: dict[int, type] | None = None) -> None:
         self.max_frame_size = max_frame_size
-        self._buffer = bytearray()
+        self.accept = accept
+        # Received bytes not yet decoded, kept as pieces until the next frame can be
+        # whole: joining on every read would copy a large frame once per read.
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._need = _PREFIX_SIZE  # bytes to hold before decoding can make progress
+        #: Set when a PING or CLOSE frame was decoded (the protocol answers those).
+        self.saw_control = False
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet part of a whole frame."""
-        return len(self._buffer)
+        return self._size
 
     def take_buffer(self) -> bytes:
         """Remove and return what is buffered (when the stream changes encoding)."""
-        data = bytes(self._buffer)
-        self._buffer.clear()
+        data = b"".join(self._chunks)
+        self._chunks = []
+        self._size = 0
+        self._need = _PREFIX_SIZE
         return data
 
     def feed(self, data: bytes, limit: int = 0) -> list[tuple[int, Any, bytes]]:
         """Add ``data``; return every frame now complete, in order (at most ``limit``
         when it is not 0: the rest stays buffered)."""
-        buffer = self._buffer
-        buffer += data
+        if data:
+            self._chunks.append(data if type(data) is bytes else bytes(data))
+            self._size += len(data)
+        if self._size < self._need:
+            return []
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        need = _PREFIX_SIZE
         frames: list[tuple[int, Any, bytes]] = []
-        size = len(buffer)
+        append = frames.append
+        size = len(data)
         offset = 0
         max_size = self.max_frame_size
+        accept = self.accept
         unpack = _PREFIX.unpack_from
         loads = orjson.loads
         try:
             while size - offset >= _PREFIX_SIZE:
-                length, kind, head_length = unpack(buffer, offset)
+                length, kind, head_length = unpack(data, offset)
                 if length > max_size:
                     raise ProtocolError(
                         f"frame of {length} bytes is larger than the limit of {max_size}"
                     )
                 if length < _BODY_MIN:
                     raise ProtocolError(f"frame length {length} is shorter than a frame header")
-                if kind not in _KINDS:
-                    raise ProtocolError(f"unknown frame kind {kind}")
+                if accept is None:
+                    if kind not in _KINDS:
+                        raise ProtocolError(f"unknown frame kind {kind}")
+                    shape = None
+                else:
+                    shape = accept.get(kind)
+                    if shape is None:
+                        raise _refused(kind)
                 if head_length > length - _BODY_MIN or head_length > HEADER_LIMIT:
                     raise ProtocolError(
                         f"header length {head_length} does not fit a frame of {length} bytes"
                     )
                 end = offset + 4 + length
                 if end > size:
+                    need = 4 + length  # checked against the limit above
                     break
-                start = offset + _PREFIX_SIZE
-                split = start + head_length
+                split = offset + _PREFIX_SIZE + head_length
+                head = data[offset + _PREFIX_SIZE : split]
                 try:
-                    header = loads(buffer[start:split])
+                    header = loads(head)
                 except orjson.JSONDecodeError as exc:
                     raise ProtocolError(f"frame header is not valid JSON: {exc}") from None
-                frames.append((kind, header, bytes(buffer[split:end])))
+                if (
+                    head_length > _DEPTH_CHECK_FROM
+                    and head.count(b"[") + head.count(b"{") > HEADER_DEPTH_LIMIT
+                    and _too_deep(header)
+                ):
+                    raise ProtocolError(
+                        f"frame header is nested deeper than {HEADER_DEPTH_LIMIT} levels"
+                    )
+                if shape is not None and type(header) is not shape:
+                    raise ProtocolError(f"{FrameKind(kind).name} frame has a malformed header")
+                if kind < 6:  # CLOSE, PING and the handshake frames: the protocol looks
+                    self.saw_control = True
+                append((kind, header, data[split:end]))
                 offset = end
                 if len(frames) == limit:
+                    need = 0  # not looked at yet: decode on the next call
                     break
         finally:
-            if offset:
-                del buffer[:offset]
+            rest = data[offset:] if offset else data
+            self._chunks = [rest] if rest else []
+            self._size = len(rest)
+            self._need = need
         return frames
+
+
+def _refused(kind: int) -> ProtocolError:
+    if kind in _KINDS:
+        return ProtocolError(f"{FrameKind(kind).name} frames are not accepted here")
+    return ProtocolError(f"unknown frame kind {kind}")
+
+
+_DEPTH_CHECK_FROM = 2 * HEADER_DEPTH_LIMIT  # a shorter header cannot be too deep
+
+
+def _too_deep(header: Any) -> bool:
+    """Whether ``header`` nests arrays and objects more than :data:`HEADER_DEPTH_LIMIT` deep."""
+    level = [header]
+    for _ in range(HEADER_DEPTH_LIMIT):  # level: the values inside that many containers
+        level = [
+            child
+            for value in level
+            if type(value) is list or type(value) is dict
+            for child in (value.values() if type(value) is dict else value)
+        ]
+        if not level:
+            return False
+    return any(type(value) is list or type(value) is dict for value in level)

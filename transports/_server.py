@@ -131,7 +131,11 @@ class Server:
                 anyio.EndOfStream,
             ) as exc:
                 self.failed += 1
-                log.warning("closing connection from %s: TLS handshake failed: %s", peer, exc)
+                log.warning(
+                    "closing connection from %s: TLS handshake failed: %s",
+                    peer,
+                    str(exc) or type(exc).__name__,
+                )
                 await anyio.aclose_forcefully(stream)
                 return
             certificate_name = _common_name(stream.extra(TLSAttribute.peer_certificate, None))
@@ -221,8 +225,10 @@ class Server:
             self.refused += 1
             code = "authentication" if isinstance(exc, AccessDeniedError) else "refused"
             log.warning("refused login from %s: %s", connection.peer, exc)
-            why = exc.why if isinstance(exc, AccessDeniedError) else ""
-            protocol.refuse(code, str(exc), why)
+            if isinstance(exc, AccessDeniedError):
+                protocol.refuse(code, str(exc), exc.why, exc.username)
+            else:
+                protocol.refuse(code, str(exc))
             await connection.flush_quietly()
             return None
         offer = hello.get("compression", [])

@@ -34,7 +34,13 @@ from meshbus.errors import (
     TransportError,
 )
 
-from ._codec import decode_publish, encode_deliver, encode_flow_deliver
+from ._codec import (
+    decode_publish,
+    decode_publish_batch,
+    encode_deliver,
+    encode_deliver_batch,
+    encode_flow_deliver,
+)
 from ._connection import unwrap_errors
 from ._framing import FrameKind
 from ._protocol import LinkState
@@ -52,7 +58,9 @@ log = logging.getLogger("meshbus.transports")
 
 K = FrameKind
 _PUBLISH = int(K.PUBLISH)
+_PUBLISH_BATCH = int(K.PUBLISH_BATCH)
 _BATCH_BYTES = 256 * 1024  # deliveries encoded per write, at most (about)
+_BATCH_MESSAGES = 4096  # and at most this many, so a batch header stays small
 _MAX_PIPELINED_SENDS = 4096  # SEND frames waiting for the sender before reading pauses
 _ERROR_CODES: tuple[tuple[type[Exception], str], ...] = (
     (InvalidTopicError, "invalid-topic"),
@@ -72,6 +80,19 @@ def error_code(exc: BaseException) -> str:
     return "error"
 
 
+def error_attributes(exc: BaseException) -> dict[str, Any]:
+    """The attributes a client needs to rebuild ``exc`` as the same class."""
+    if isinstance(exc, InvalidTopicError):
+        return {"topic": exc.topic, "reason": exc.reason, "level": exc.level}
+    if isinstance(exc, AccessDeniedError):
+        return {"username": exc.username, "action": exc.action, "topic": exc.topic, "why": exc.why}
+    if isinstance(exc, PublishRejectedError):
+        return {"reason": exc.reason, "limit": exc.limit, "size": exc.size}
+    if isinstance(exc, LimitExceededError):
+        return {"limit": exc.limit}
+    return {}
+
+
 class ServedSession:
     """Relays between one connection and the :class:`~meshbus.Session` it logged in to."""
 
@@ -86,6 +107,8 @@ class ServedSession:
         self._flows: dict[int, tuple[Flow, anyio.CancelScope, dict[int, Message]]] = {}
         self._flow_numbers = 0
         self.errors_sent = 0
+        #: Messages whose headers could not be written (not JSON-serializable).
+        self.undeliverable = 0
 
     async def run(self) -> None:
         """Serve until the peer closes, the connection fails or the session closes."""
@@ -115,13 +138,24 @@ class ServedSession:
         while protocol.state is LinkState.OPEN:
             try:
                 frames = await connection.receive_frames()
+            except ProtocolError:
+                raise  # a violation, even though the protocol has marked itself closed
             except TransportError as exc:
                 if protocol.state is LinkState.OPEN:  # not a goodbye: a failure
                     raise
                 log.debug("connection from %s ended: %s", connection.peer, exc)
                 return
             for kind, header, payload in frames:
-                if kind == _PUBLISH:
+                if kind == _PUBLISH_BATCH:
+                    for topic, body, options in decode_publish_batch(header, payload):
+                        try:
+                            if options is None:
+                                publish(topic, body)
+                            else:
+                                self._publish_with(topic, body, options)
+                        except (MeshbusError, TypeError, ValueError) as exc:
+                            self._error(None, exc, topic=topic)
+                elif kind == _PUBLISH:
                     topic, options = decode_publish(header)
                     try:
                         if options is None:
@@ -162,16 +196,20 @@ class ServedSession:
     def _error(self, request: int | None, exc: BaseException, **extra: Any) -> None:
         if isinstance(exc, ProtocolError):
             raise exc
+        if self.protocol.state is not LinkState.OPEN:
+            return  # the peer said goodbye (or broke the protocol) in the same read
         self.errors_sent += 1
         header: dict[str, Any] = {"error": error_code(exc), "message": str(exc), **extra}
         if request is not None:
             header["id"] = request
-        if isinstance(exc, PublishRejectedError):
-            header["reason"] = exc.reason
+        attributes = error_attributes(exc)
+        if attributes:
+            header["attrs"] = attributes
         self.protocol.send(K.ERROR, header)
 
     def _ok(self, request: int, **result: Any) -> None:
-        self.protocol.send(K.OK, {"id": request, **result})
+        if self.protocol.state is LinkState.OPEN:
+            self.protocol.send(K.OK, {"id": request, **result})
 
     async def _control(self, kind: int, header: dict[str, Any], payload: bytes) -> None:
         request = header.get("id")
@@ -293,7 +331,7 @@ class ServedSession:
                 try:
                     message = await flow.receive()
                 except StateError as exc:  # unbound from the node's side
-                    if number in self._flows:
+                    if number in self._flows and protocol.state is LinkState.OPEN:
                         del self._flows[number]
                         protocol.send(K.FLOW_CLOSED, {"flow": number, "reason": str(exc)})
                         await self.connection.flush()
@@ -342,13 +380,35 @@ class ServedSession:
                 await self.connection.send_close("session closed by the node")
                 self._tg.cancel_scope.cancel()
                 return
-            out += encode_deliver(message)
-            while len(out) < _BATCH_BYTES:
+            batch = [message]
+            size = len(message.payload)
+            while size < _BATCH_BYTES and len(batch) < _BATCH_MESSAGES:
                 message = receive_nowait()  # type: ignore[assignment]
                 if message is None:
                     break
-                out += encode_deliver(message)
+                batch.append(message)
+                size += len(message.payload)
+            try:
+                out += encode_deliver(batch[0]) if len(batch) == 1 else encode_deliver_batch(batch)
+            except TypeError:  # headers JSON cannot carry (from an in-process publisher)
+                self._deliver_one_by_one(batch)
             await self.connection.flush()
+
+    def _deliver_one_by_one(self, batch: list[Message]) -> None:
+        out = self.protocol.out
+        for message in batch:
+            try:
+                out += encode_deliver(message)
+            except TypeError as exc:
+                self.undeliverable += 1
+                if self.undeliverable == 1:
+                    log.warning(
+                        "cannot send a message on %r to remote session %r: %s "
+                        "(further ones are only counted)",
+                        message.topic,
+                        self.session.client_name,
+                        exc,
+                    )
 
     async def _keepalive(self) -> None:
         interval = self.settings.keepalive
@@ -365,13 +425,14 @@ class ServedSession:
 
 
 def node_statistics(session: Session) -> dict[str, Any]:
-    """What ``meshbus stats`` shows: the node, its VPNs and its listeners."""
+    """What ``meshbus stats`` shows: node totals, the session's VPN and the listeners."""
     from ._server import SERVERS
 
     node = session.node
     stats: NodeStatistics = node.statistics()
     result: dict[str, Any] = {"node": node.name, "totals": _as_dict(stats)}
-    result["vpns"] = {name: _as_dict(vpn.statistics()) for name, vpn in node.vpns.items()}
+    # Only the session's own VPN: other tenants' counters are not its business.
+    result["vpns"] = {session.vpn.name: _as_dict(session.vpn.statistics())}
     result["listeners"] = {
         server.url: _as_dict(server.statistics()) for server in node.stash.get(SERVERS, [])
     }

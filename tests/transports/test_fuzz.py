@@ -1,0 +1,827 @@
+"""Hostile bytes against a node (SPEC 10 acceptance).
+
+"A fuzz test (hypothesis, many thousands of cases in CI) feeding random, truncated,
+oversized and mutated frames to a node: the node never crashes, other sessions are
+unaffected, each bad connection is closed with a logged reason."
+
+How: hypothesis cannot run one async example after another against a node that
+lives for the whole test on both anyio backends, and starting a node per example
+would cost more than the examples. So a sync ``@given`` function only *collects*
+hostile inputs (:class:`Attack`: bytes, how they are cut into writes, what the node
+must say) into a list, made once per strategy and shared by both backends. Then one
+``anyio.run`` per (strategy, backend) starts one :class:`~meshbus.Node` and one
+:class:`~meshbus.transports.Server` and replays every attack as its own connection
+over a memory stream pair, ``server.serve(stream)`` in a task group of the test (an
+exception escaping ``serve`` would crash a node's task group: here it fails the test).
+Around each attack: a healthy in-process session and a healthy remote session (a
+second connection to the same server) must still exchange messages, the connection
+must end with one logged reason, and the server's counters must agree with the logs.
+Failures print the attack, which is enough to replay it (no shrinking).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+import re
+import struct
+import zlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from meshbus import Node, Session
+from meshbus.errors import ProtocolError
+from meshbus.transports import (
+    FrameKind,
+    LinkProtocol,
+    LinkState,
+    ListenerSettings,
+    MemoryByteStream,
+    Role,
+    Server,
+    encode_frame,
+    memory_stream_pair,
+)
+from meshbus.transports._codec import decode_deliver_batch, options_to_wire
+from meshbus.transports._compression import Compressor
+
+K = FrameKind
+MAX_FRAME = 64 * 1024
+PREFIX = struct.Struct("!IBI")
+LOGGER = "meshbus.transports"
+BACKENDS = ["asyncio", "trio"]
+_GONE = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
+
+
+@attrs.frozen
+class Attack:
+    """What one hostile connection writes, and what the node must make of it."""
+
+    body: bytes
+    """Written after the login (or from the start when there is none)."""
+    hello: dict[str, Any] | None = None
+    """A valid HELLO written first, alone; the rest waits for the node's answer."""
+    compressed: bool = False
+    """``body`` is already compressed (the HELLO offered zlib)."""
+    cuts: tuple[int, ...] = ()
+    """Where ``body`` is cut into separate writes."""
+    fails: bool = True
+    """The node must close the connection as failed (counted, logged as a warning)."""
+    reason: str | None = None
+    """A regex the logged reason must match."""
+
+    def writes(self) -> list[bytes]:
+        points = sorted({0, len(self.body), *(min(c, len(self.body)) for c in self.cuts)})
+        return [self.body[a:b] for a, b in itertools.pairwise(points)]
+
+
+def hello_bytes(hello: dict[str, Any]) -> bytes:
+    return encode_frame(K.HELLO, {"version": 1, **hello})
+
+
+def compressed(data: bytes) -> bytes:
+    """``data`` as the first write of a client's compressed stream."""
+    return Compressor().compress(data)
+
+
+# --- strategies -------------------------------------------------------------------------------
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.integers(min_value=-3, max_value=70_000)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+    | st.sampled_from(["", "a/b", "fuzz/x", ">", "a/*", "#share/g/a", "q1", "sync", "stats"])
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=8,
+)
+names = st.sampled_from(["fuzz/a", "fuzz/b/c", "fuzz/>", "fuzz/*/c", "q1", "ep1", "x"])
+requests = st.integers(min_value=0, max_value=5)
+cuts = st.lists(st.integers(min_value=0, max_value=400), max_size=4).map(tuple)
+#: Keys a client frame may carry, by kind; wrong-shape headers mix these with random values.
+KEYS = {
+    K.SUBSCRIBE: ("id", "subscription"),
+    K.UNSUBSCRIBE: ("id", "subscription"),
+    K.SEND: ("id", "topic", "queue", "persistent", "h", "ttl", "e", "r", "c"),
+    K.BIND: ("id", "queue", "endpoint", "subscription", "window"),
+    K.UNBIND: ("id", "flow"),
+    K.ACK: ("flow", "ids"),
+    K.REQUEST: ("id", "what"),
+    K.CLOSE: ("reason",),
+    K.PING: ("id",),
+    K.PONG: ("id",),
+    K.ADVERTISE: ("add", "remove"),
+}
+options_keys = st.sampled_from(["h", "e", "r", "c", "m", "x"])
+
+
+def valid_frames() -> st.SearchStrategy[bytes]:
+    """One well-formed client frame (the node may still refuse what it asks)."""
+    payload = st.binary(max_size=40)
+    return st.one_of(
+        st.builds(
+            lambda i, s: encode_frame(K.SUBSCRIBE, {"id": i, "subscription": s}), requests, names
+        ),
+        st.builds(
+            lambda i, s: encode_frame(K.UNSUBSCRIBE, {"id": i, "subscription": s}),
+            requests,
+            names,
+        ),
+        st.builds(lambda t, p: encode_frame(K.PUBLISH, [t], p), names, payload),
+        st.builds(
+            lambda ts, p: encode_frame(K.PUBLISH_BATCH, [[t, len(p)] for t in ts], p * len(ts)),
+            st.lists(names, max_size=4),
+            payload,
+        ),
+        st.builds(
+            lambda t, h, p: encode_frame(K.PUBLISH, [t, {"h": h, "e": True, "r": "r/t"}], p),
+            names,
+            st.dictionaries(st.text(max_size=4), json_values, max_size=3),
+            payload,
+        ),
+        st.builds(
+            lambda i, t, per, p: encode_frame(K.SEND, {"id": i, "topic": t, "persistent": per}, p),
+            requests,
+            names,
+            st.booleans(),
+            payload,
+        ),
+        st.builds(
+            lambda i, q, p: encode_frame(K.SEND, {"id": i, "queue": q, "ttl": 5}, p),
+            requests,
+            names,
+            payload,
+        ),
+        st.builds(
+            lambda i, q, w: encode_frame(K.BIND, {"id": i, "queue": q, "window": w}),
+            requests,
+            names,
+            st.integers(min_value=1, max_value=10),
+        ),
+        st.builds(
+            lambda i, e, s: encode_frame(K.BIND, {"id": i, "endpoint": e, "subscription": s}),
+            requests,
+            names,
+            names,
+        ),
+        st.builds(lambda i, f: encode_frame(K.UNBIND, {"id": i, "flow": f}), requests, requests),
+        st.builds(
+            lambda f, ids: encode_frame(K.ACK, {"flow": f, "ids": ids}),
+            requests,
+            st.lists(requests, max_size=3),
+        ),
+        st.builds(
+            lambda i, w: encode_frame(K.REQUEST, {"id": i, "what": w}),
+            requests,
+            st.sampled_from(["sync", "stats", "nothing"]),
+        ),
+        st.just(encode_frame(K.PING, {})),
+        st.just(encode_frame(K.PONG, {})),
+        st.just(encode_frame(K.ADVERTISE, {"add": ["a"]})),
+    )
+
+
+@st.composite
+def wrong_shape_frames(draw: st.DrawFn) -> bytes:
+    """A frame of any kind whose header has missing, extra or wrongly typed fields."""
+    kind = draw(st.sampled_from(FrameKind))
+    keys = KEYS.get(kind, ("id",))
+    shape = draw(st.sampled_from(["fields", "fields", "any", "array"]))
+    header: Any
+    if shape == "fields":
+        header = draw(
+            st.dictionaries(st.sampled_from([*keys, "id", "zz"]), json_values, max_size=len(keys))
+        )
+    elif shape == "array":  # PUBLISH and the node's data frames have array headers
+        header = draw(
+            st.lists(json_values | st.dictionaries(options_keys, json_values), max_size=7)
+        )
+    else:
+        header = draw(json_values)
+    return encode_frame(kind, header, draw(st.binary(max_size=20)))
+
+
+hellos = st.fixed_dictionaries(
+    {}, optional={"compression": st.just(["zlib"]), "client_name": st.just(None)}
+)
+
+
+def mutate(data: bytes, draw: st.DrawFn) -> bytes:
+    """``data`` with one to three flips, insertions, deletions or a truncation."""
+    out = bytearray(data)
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        op = draw(st.sampled_from(["flip", "insert", "delete", "truncate", "set"]))
+        at = draw(st.integers(min_value=0, max_value=max(len(out) - 1, 0)))
+        if op == "flip" and out:
+            out[at] ^= 1 << draw(st.integers(min_value=0, max_value=7))
+        elif op == "set" and out:
+            out[at] = draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF, ord("["), ord('"')]))
+        elif op == "insert":
+            out[at:at] = draw(st.binary(min_size=1, max_size=8))
+        elif op == "delete":
+            del out[at : at + draw(st.integers(min_value=1, max_value=8))]
+        else:
+            del out[at:]
+    return bytes(out)
+
+
+@st.composite
+def random_bytes(draw: st.DrawFn) -> Attack:
+    """Pure noise, or noise behind a plausible frame prefix, from the first byte."""
+    if draw(st.booleans()):
+        body = draw(st.binary(min_size=1, max_size=300))
+    else:
+        length = draw(st.integers(min_value=0, max_value=400))
+        kind = draw(st.sampled_from([*FrameKind, 0, 99, 255]))
+        body = PREFIX.pack(length, kind, draw(st.integers(0, 400))) + draw(st.binary(max_size=300))
+    return Attack(body, cuts=draw(cuts))
+
+
+@st.composite
+def hello_then_random(draw: st.DrawFn) -> Attack:
+    """A good login, then noise (compressed noise on a compressed link, sometimes)."""
+    hello = draw(hellos)
+    body = draw(st.binary(min_size=1, max_size=300))
+    zipped = "compression" in hello and draw(st.booleans())
+    return Attack(compressed(body) if zipped else body, hello, zipped, draw(cuts))
+
+
+@st.composite
+def mutated_frames(draw: st.DrawFn) -> Attack:
+    """Valid frames, the HELLO among them sometimes, with bytes flipped, added or cut."""
+    hello = draw(hellos)
+    frames = b"".join(draw(st.lists(valid_frames(), min_size=1, max_size=6)))
+    if draw(st.integers(0, 3)) == 0:  # the HELLO itself is mutated
+        body = mutate(hello_bytes(hello) + frames, draw)
+        return Attack(body, cuts=draw(cuts), fails=False)
+    # a mutation may leave valid frames (a cut at a boundary) or make a CLOSE (kind 5 -> 4)
+    body = mutate(frames, draw)
+    if "compression" in hello:
+        if draw(st.booleans()):
+            return Attack(compressed(body), hello, True, draw(cuts), fails=False)
+        return Attack(mutate(compressed(frames), draw), hello, True, draw(cuts), fails=False)
+    return Attack(body, hello, cuts=draw(cuts), fails=False)
+
+
+@st.composite
+def wrong_shapes(draw: st.DrawFn) -> Attack:
+    """Well-framed headers of every kind with the wrong fields, or a HELLO of the wrong shape."""
+    if draw(st.integers(0, 4)) == 0:
+        fields = st.sampled_from(
+            ["vpn", "username", "password", "client_name", "no_local", "compression", "version"]
+        )
+        hello = draw(st.dictionaries(fields, json_values, max_size=4))
+        if draw(st.booleans()):
+            hello["version"] = 1
+        body = encode_frame(K.HELLO, hello) + b"".join(draw(st.lists(valid_frames(), max_size=2)))
+        return Attack(body, cuts=draw(cuts), fails=False)  # a login may be refused, not failed
+    hello = draw(hellos)
+    frames = draw(st.lists(wrong_shape_frames() | valid_frames(), min_size=1, max_size=5))
+    body = b"".join(frames)
+    if "compression" in hello:
+        return Attack(compressed(body), hello, True, draw(cuts), fails=False)
+    return Attack(body, hello, cuts=draw(cuts), fails=False)
+
+
+@st.composite
+def oversized(draw: st.DrawFn) -> Attack:
+    """A length prefix over the limit, before or after a login (compressed or not)."""
+    length = draw(
+        st.integers(min_value=MAX_FRAME + 1, max_value=2**32 - 1)
+        | st.sampled_from([MAX_FRAME + 1, 2**31, 2**32 - 1])
+    )
+    kind = draw(st.sampled_from(FrameKind))
+    body = PREFIX.pack(length, kind, draw(st.integers(0, 100))) + draw(st.binary(max_size=50))
+    reason = f"frame of {length} bytes is larger than the limit of {MAX_FRAME}"
+    when = draw(st.sampled_from(["first", "plain", "compressed"]))
+    if when == "first":
+        return Attack(body, cuts=draw(cuts), reason=reason)
+    if when == "plain":
+        return Attack(body, {}, cuts=draw(cuts), reason=reason)
+    return Attack(compressed(body), {"compression": ["zlib"]}, True, draw(cuts), reason=reason)
+
+
+@functools.cache
+def bombs() -> dict[str, tuple[bytes, str]]:
+    """Compressed bodies that inflate to far more than a frame: (bytes, logged reason)."""
+    zeros = Compressor().compress(bytes(50 * 1024 * 1024))  # 50 MB, ~230 kB compressed
+    huge_frame = Compressor().compress(
+        PREFIX.pack(40 * 1024 * 1024, K.PUBLISH, 5) + b'["t"]' + bytes(10 * 1024 * 1024)
+    )
+    finished = zlib.compress(encode_frame(K.PING, {}) * 1000)  # Z_FINISH: the stream ends
+    return {
+        "zeros": (zeros, "frame length 0 is shorter than a frame header"),
+        "huge frame": (huge_frame, "frame of 41943040 bytes is larger than the limit of 65536"),
+        "finished": (finished, "compressed stream ended before the connection"),
+    }
+
+
+@st.composite
+def compressed_bombs(draw: st.DrawFn) -> Attack:
+    """A decompression bomb after a login that negotiated zlib, whole, cut or mutated."""
+    name = draw(st.sampled_from(sorted(bombs())))
+    body, reason = bombs()[name]
+    how = draw(st.sampled_from(["whole", "whole", "truncated", "mutated"]))
+    hello = {"compression": ["zlib"]}
+    if how == "whole":
+        writes = (draw(st.integers(0, len(body))),) if draw(st.booleans()) else ()
+        return Attack(body, hello, True, writes, reason=re.escape(reason))
+    if how == "truncated":
+        body = body[: draw(st.integers(min_value=1, max_value=len(body) - 1))]
+    else:  # flip a byte in the first few kB (the frame prefix is decoded first)
+        at = draw(st.integers(min_value=0, max_value=min(len(body) - 1, 4096)))
+        body = body[:at] + bytes([body[at] ^ draw(st.integers(1, 255))]) + body[at + 1 :]
+    return Attack(body, hello, True, draw(cuts))
+
+
+def nested_json(kinds: list[bool], inner: bytes) -> bytes:
+    """JSON text nesting ``inner`` in arrays (True) and objects (False), outermost first.
+    Made as text: orjson refuses to write more than 254 levels, but reads 1024."""
+    opening = b"".join(b"[" if is_array else b'{"k":' for is_array in kinds)
+    closing = b"".join(b"]" if is_array else b"}" for is_array in reversed(kinds))
+    return opening + inner + closing
+
+
+@st.composite
+def deep_headers(draw: st.DrawFn) -> Attack:
+    """Message headers nested deeper than a node could write them again to a subscriber."""
+    depth = draw(st.integers(min_value=90, max_value=1100))
+    nested = nested_json(draw(st.lists(st.booleans(), min_size=depth, max_size=depth)), b"1")
+    kind, head = draw(
+        st.sampled_from(
+            [
+                (K.PUBLISH, b'["fuzz/deep",{"h":{"x":%s}}]'),
+                (K.SEND, b'{"id":1,"topic":"fuzz/deep","h":{"x":%s}}'),
+                (K.SUBSCRIBE, b'{"id":1,"subscription":%s}'),
+                (K.PUBLISH, b"%s"),
+            ]
+        )
+    )
+    head = head % nested
+    frame = PREFIX.pack(5 + len(head) + 4, kind, len(head)) + head + b"deep"
+    hello = draw(hellos)
+    if "compression" in hello:
+        return Attack(compressed(frame), hello, True, draw(cuts), fails=False)
+    return Attack(frame, hello, cuts=draw(cuts), fails=False)
+
+
+STRATEGIES: dict[str, tuple[st.SearchStrategy[Attack], int]] = {
+    "random bytes": (random_bytes(), 700),
+    "hello then random bytes": (hello_then_random(), 500),
+    "mutated frames": (mutated_frames(), 700),
+    "wrong header shapes": (wrong_shapes(), 700),
+    "oversized lengths": (oversized(), 300),
+    "compressed bombs": (compressed_bombs(), 100),
+    "deep headers": (deep_headers(), 100),
+}
+
+
+@functools.cache
+def attacks(name: str) -> tuple[Attack, ...]:
+    """The examples of one strategy, made once (hypothesis generates; nothing runs here)."""
+    strategy, count = STRATEGIES[name]
+    found: list[Attack] = []
+
+    @settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(attack: Attack) -> None:
+        found.append(attack)
+
+    collect()
+    return tuple(found)
+
+
+# --- the node side ----------------------------------------------------------------------------
+
+
+CLIENTS: list[Client] = []
+"""Clients not yet closed: :func:`serving` closes them when a test fails half-way."""
+
+
+class Client:
+    """A remote client made by hand over a memory pair (a :class:`LinkProtocol` and our end
+    of the stream), served by ``server`` in ``tg``: it can write anything at any time."""
+
+    def __init__(self, server: Server, tg: anyio.abc.TaskGroup, peer: str) -> None:
+        self.ours, theirs = memory_stream_pair()
+        self.protocol = LinkProtocol(Role.CLIENT, max_frame_size=1 << 24)
+        self.frames: list[tuple[int, Any, bytes]] = []
+        self.served = anyio.Event()
+        tg.start_soon(self._serve, server, theirs, peer)
+        CLIENTS.append(self)
+
+    async def _serve(self, server: Server, stream: MemoryByteStream, peer: str) -> None:
+        try:
+            await server.serve(stream, peer=peer)
+        finally:
+            self.served.set()
+
+    async def login(self, **hello: Any) -> tuple[int, Any, bytes]:
+        """Send HELLO; return the node's answer (WELCOME or REFUSED)."""
+        self.protocol.hello(hello)
+        await self.flush()
+        with anyio.fail_after(5):
+            while self.protocol.state is LinkState.HANDSHAKE:
+                await self.read()
+        return self.frames.pop(0)
+
+    async def request(self, kind: FrameKind, header: dict[str, Any], payload: bytes = b"") -> Any:
+        """Send a request frame; return the header of its OK (or ERROR)."""
+        self.protocol.send(kind, header, payload)
+        await self.flush()
+        return await self.wait_for(
+            lambda f: f[0] in (K.OK, K.ERROR) and f[1].get("id") == header["id"]
+        )
+
+    async def flush(self) -> None:
+        data = self.protocol.data_to_send()
+        if data:
+            await self.ours.send(data)
+
+    async def read(self) -> None:
+        for kind, header, payload in self.protocol.receive_data(await self.ours.receive(1 << 20)):
+            if kind == K.DELIVER_BATCH:  # one DELIVER each, to look for them the same way
+                self.frames += [
+                    (
+                        K.DELIVER,
+                        [m.topic, m.sender, m.timestamp, options_to_wire(m.options)],
+                        m.payload,
+                    )
+                    for m in decode_deliver_batch(header, payload)
+                ]
+            else:
+                self.frames.append((kind, header, payload))
+        await self.flush()  # PONGs
+
+    async def wait_for(self, match: Callable[[tuple[int, Any, bytes]], bool]) -> Any:
+        """Read until a frame matches; return its header."""
+        with anyio.fail_after(5):
+            while True:
+                while self.frames:
+                    frame = self.frames.pop(0)
+                    if match(frame):
+                        return frame[1]
+                await self.read()
+
+    async def hang_up(self) -> None:
+        """Close our end and wait until the node is done with the connection."""
+        await self.ours.aclose()
+        with anyio.fail_after(5):
+            await self.served.wait()
+        CLIENTS.remove(self)
+
+
+async def replay(server: Server, attack: Attack, peer: str) -> None:
+    """One hostile connection: write the attack, read what comes back, until the node hangs up."""
+    ours, theirs = memory_stream_pair()
+    watcher = LinkProtocol(Role.CLIENT, max_frame_size=1 << 30)
+    if attack.hello is not None:
+        watcher.hello(attack.hello)
+    answered = anyio.Event()
+
+    async def read() -> None:
+        try:
+            while True:
+                data = await ours.receive(1 << 20)
+                if watcher.state is LinkState.HANDSHAKE:
+                    try:
+                        watcher.receive_data(data)
+                    except ProtocolError:  # pragma: no cover - the node answers properly
+                        answered.set()
+                        raise
+                    if watcher.state is not LinkState.HANDSHAKE:
+                        answered.set()
+        except _GONE:
+            pass
+        finally:
+            answered.set()
+
+    async def write() -> None:
+        try:
+            if attack.hello is not None:
+                await ours.send(watcher.data_to_send())
+                await answered.wait()
+            for chunk in attack.writes():
+                await ours.send(chunk)
+            await ours.send_eof()
+        except _GONE:
+            pass
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        tg.start_soon(write)
+        await server.serve(theirs, peer=peer)
+    await ours.aclose()
+
+
+def records_of(caplog: pytest.LogCaptureFixture, start: int, peer: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records[start:]
+        if r.name == LOGGER and isinstance(r.args, tuple) and r.args and r.args[0] == peer
+    ]
+
+
+ENDINGS = (
+    "closing connection from %s",
+    "refused login from %s",
+    "connection from %s closed",
+    "connection from %s ended",
+    "connection from %s lost at login",
+)
+
+
+def settings_for_fuzz() -> ListenerSettings:
+    return ListenerSettings(
+        port=0,
+        max_frame_size=MAX_FRAME,
+        handshake_timeout=5,
+        keepalive=300,  # no pings to the probe while the test runs
+        keepalive_timeout=600,
+    )
+
+
+async def fuzz_node(name: str, caplog: pytest.LogCaptureFixture) -> int:
+    """Replay the attacks of strategy ``name`` against one node; return how many failed."""
+    failures = 0
+    async with Node(name="fuzz") as node:
+        server = Server(node, settings_for_fuzz())
+        # something for hostile SEND, BIND, ACK and UNBIND frames to work on
+        node.guaranteed.create_queue("q1", subscriptions=["fuzz/>"], max_messages=1000)
+        node.guaranteed.create_topic_endpoint("ep1")
+        async with (
+            node.connect(client_name="watcher") as watcher,
+            node.connect(client_name="healthy") as healthy,
+            anyio.create_task_group() as tg,
+        ):
+            watcher.subscribe(">")
+            probe = Client(server, tg, "probe")  # a healthy remote session, subscribed to all
+            assert (await probe.login(client_name="probe", compression=["zlib"]))[0] == K.WELCOME
+            await probe.request(K.SUBSCRIBE, {"id": 1, "subscription": ">"})
+            for i, attack in enumerate(attacks(name)):
+                peer = f"fuzz-{i}"
+                before = server.statistics()
+                start = len(caplog.records)
+                try:
+                    with anyio.fail_after(10):
+                        await replay(server, attack, peer)
+                    await check_healthy(watcher, healthy, probe, f"healthy/{i}")
+                    records = records_of(caplog, start, peer)
+                    failures += check_ending(attack, server, before, records)
+                except BaseException as exc:
+                    exc.add_note(f"attack {i} of {name!r}: {attack!r}")
+                    raise
+            assert server.statistics().open == 1  # the probe
+            assert set(node.vpn().sessions) == {"watcher", "healthy", "probe"}
+            await probe.hang_up()
+    return failures
+
+
+async def check_healthy(watcher: Session, healthy: Session, probe: Client, topic: str) -> None:
+    """The sessions that did nothing wrong still get what is published."""
+    healthy.publish(topic, b"still here")
+    with anyio.fail_after(5):
+        while (await watcher.receive()).topic != topic:
+            pass
+        await probe.wait_for(lambda f: f[0] == K.DELIVER and f[1][0] == topic)
+
+
+def check_ending(
+    attack: Attack, server: Server, before: Any, records: list[logging.LogRecord]
+) -> int:
+    """One logged reason per connection, counted as the log says; 1 if it was a failure."""
+    after = server.statistics()
+    endings = [r for r in records if r.msg.startswith(ENDINGS)]
+    assert len(endings) == 1, [r.getMessage() for r in records]
+    [ending] = endings
+    message = ending.getMessage()
+    reason = str(ending.args[1]) if len(ending.args) > 1 else ""  # type: ignore[arg-type]
+    assert reason.strip(), message
+    failed = ending.msg.startswith("closing connection from")
+    refused = ending.msg.startswith("refused login from")
+    if failed or refused:
+        assert ending.levelno == logging.WARNING, message
+    closings = sum(r.msg.startswith("closing connection from") for r in endings)
+    assert after.failed - before.failed == closings, message
+    assert after.refused - before.refused == refused, message
+    assert after.open == before.open == 1
+    if attack.fails:
+        assert failed, message
+    if attack.reason is not None:
+        assert failed, message
+        assert re.search(attack.reason, reason), message
+    return int(failed)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_hostile_connections_never_hurt_the_node(
+    name: str, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    found = attacks(name)
+    assert len(found) >= STRATEGIES[name][1] // 2  # hypothesis made enough distinct cases
+    failures = anyio.run(fuzz_node, name, caplog, backend=backend)
+    assert failures >= len(found) // 3  # most attacks are violations
+
+
+# --- explicit cases ---------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[tuple[Node, Server, anyio.abc.TaskGroup]]:
+    """A running node, a server of it (not listening: connections are served by hand) and a
+    task group for the connections."""
+    try:
+        async with Node(name="node") as node, anyio.create_task_group() as tg:
+            yield node, Server(node, settings_for_fuzz()), tg
+            tg.cancel_scope.cancel()
+    finally:
+        while CLIENTS:
+            await CLIENTS.pop().ours.aclose()
+
+
+def warnings_for(caplog: pytest.LogCaptureFixture, peer: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in records_of(caplog, 0, peer)
+        if r.levelno == logging.WARNING and r.msg.startswith(ENDINGS)
+    ]
+
+
+def ending_reason(caplog: pytest.LogCaptureFixture, peer: str) -> str:
+    """Why the connection from ``peer`` ended, from its one ending record, whatever its level
+    (known bug A: a violation after the login is logged at DEBUG only)."""
+    [ending] = [r for r in records_of(caplog, 0, peer) if r.msg.startswith(ENDINGS)]
+    return str(ending.args[1])  # type: ignore[index]
+
+
+async def test_wrong_password_and_unknown_vpn_are_refused_with_a_clear_error_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    async with serving() as (node, server, tg):
+        vpn = node.create_vpn("secure", authentication="basic")
+        vpn.add_user("alice", password="s3cret")
+        cases = [
+            ({"vpn": "secure", "username": "alice", "password": "wrong"}, "wrong password", 1),
+            ({"vpn": "secure", "username": "alice"}, "wrong password", 1),
+            ({"vpn": "secure", "username": "mallory", "password": "x"}, "unknown username", 1),
+            ({"vpn": "nowhere", "password": "s3cret"}, "no Message VPN named 'nowhere'", 0),
+        ]
+        for n, (hello, why, counted) in enumerate(cases, start=1):
+            failures = vpn.login_failures
+            client = Client(server, tg, f"client-{n}")
+            kind, refused, _ = await client.login(**hello)
+            assert kind == K.REFUSED
+            assert refused["error"] == "authentication"
+            assert why in refused["message"]
+            assert why in refused["why"]
+            with anyio.fail_after(5):
+                await client.served.wait()  # the node hung up
+            await client.ours.aclose()
+            assert client.protocol.state is LinkState.CLOSED
+            assert server.statistics().refused == n
+            assert vpn.login_failures == failures + counted
+            [warning] = warnings_for(caplog, f"client-{n}")
+            assert warning.startswith(f"refused login from client-{n}: ")
+            assert why in warning
+        stats = server.statistics()
+        assert (stats.failed, stats.logins, stats.open) == (0, 0, 0)
+        # and the right password still works
+        client = Client(server, tg, "alice")
+        kind, welcome, _ = await client.login(vpn="secure", username="alice", password="s3cret")
+        assert kind == K.WELCOME
+        assert welcome["vpn"] == "secure"
+        assert server.statistics().logins == 1
+        await client.hang_up()
+
+
+async def test_a_header_too_deep_to_forward_closes_the_publisher_not_its_subscribers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Without the depth limit of the frame decoder, the subscriber's connection failed to
+    # encode the DELIVER (orjson writes 254 levels, reads 1024): a TypeError out of serve().
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    async with serving() as (node, server, tg):
+        victim = Client(server, tg, "victim")
+        await victim.login(client_name="victim")
+        await victim.request(K.SUBSCRIBE, {"id": 1, "subscription": "deep/>"})
+        attacker = Client(server, tg, "attacker")
+        await attacker.login()
+        head = b'["deep/x",{"h":{"k":%s}}]' % nested_json([True] * 300, b"1")
+        await attacker.ours.send(PREFIX.pack(5 + len(head), K.PUBLISH, len(head)) + head)
+        with anyio.fail_after(5):
+            await attacker.served.wait()
+        await attacker.ours.aclose()
+        assert ending_reason(caplog, "attacker") == "frame header is nested deeper than 100 levels"
+        # the subscriber gets what others publish, deep headers included when writable
+        nested: Any = "bottom"
+        for _ in range(90):
+            nested = [nested]
+        async with node.connect() as local:
+            local.publish("deep/ok", b"fine", headers={"k": nested})
+        header = await victim.wait_for(lambda f: f[0] == K.DELIVER and f[1][0] == "deep/ok")
+        assert header[3]["h"] == {"k": nested}
+        await victim.hang_up()
+
+
+async def test_one_bad_connection_among_busy_ones(caplog: pytest.LogCaptureFixture) -> None:
+    """Several remote sessions publish and receive while a bad one comes and goes."""
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    async with serving() as (_, server, tg):
+        clients = [Client(server, tg, f"good-{n}") for n in range(3)]
+        for n, client in enumerate(clients):
+            await client.login(client_name=f"good-{n}", compression=["zlib"])
+            await client.request(K.SUBSCRIBE, {"id": 1, "subscription": "chat/>"})
+        for round in range(3):
+            bad = Client(server, tg, f"bad-{round}")
+            await bad.login()
+            bad.protocol.send(K.PUBLISH, ["chat/bad"], b"first")  # accepted: a valid frame
+            await bad.flush()
+            await bad.ours.send(encode_frame(K.DELIVER, ["chat/x", None, 0]))  # not from a client
+            for n, client in enumerate(clients):
+                client.protocol.send(K.PUBLISH, [f"chat/{round}/{n}"], b"hi")
+                await client.flush()
+            for client in clients:
+                for n in range(3):
+                    topic = f"chat/{round}/{n}"
+                    await client.wait_for(lambda f, t=topic: f[0] == K.DELIVER and f[1][0] == t)
+            with anyio.fail_after(5):
+                await bad.served.wait()
+            await bad.ours.aclose()
+            reason = ending_reason(caplog, f"bad-{round}")
+            assert reason == "DELIVER frames are not accepted here"
+        assert server.statistics().open == 3
+        for client in clients:
+            await client.hang_up()
+
+
+async def test_a_violation_after_login_is_a_failure_logged_as_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    async with serving() as (_, server, tg):
+        client = Client(server, tg, "bad")
+        await client.login()
+        await client.ours.send(PREFIX.pack(2**31, K.PUBLISH, 10))
+        with anyio.fail_after(5):
+            await client.served.wait()
+        await client.ours.aclose()
+        assert server.statistics().failed == 1
+        assert warnings_for(caplog, "bad") == [
+            "closing connection from bad: frame of 2147483648 bytes is larger than the limit "
+            f"of {MAX_FRAME}"
+        ]
+
+
+async def test_a_peer_that_closes_after_a_refused_publish_is_not_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    async with serving() as (_, server, tg):
+        client = Client(server, tg, "polite")
+        await client.login()
+        client.protocol.send(K.PUBLISH, [""], b"to an invalid topic")  # answered by ERROR
+        client.protocol.close("bye")
+        await client.flush()  # both frames in one write
+        with anyio.fail_after(5):
+            await client.served.wait()
+        await client.ours.aclose()
+        assert warnings_for(caplog, "polite") == []
+        assert server.statistics().failed == 0
+        assert any(
+            r.getMessage() == "connection from polite closed: peer closed: bye"
+            for r in records_of(caplog, 0, "polite")
+        )
+
+
+async def test_headers_json_cannot_carry_do_not_break_a_remote_subscriber() -> None:
+    async with serving() as (node, server, tg):
+        victim = Client(server, tg, "victim")
+        await victim.login()
+        await victim.request(K.SUBSCRIBE, {"id": 1, "subscription": "t/>"})
+        async with node.connect() as local:
+            local.publish("t/1", b"", headers={"raw": b"\x00"})
+            local.publish("t/2", b"plain")
+        await victim.wait_for(lambda f: f[0] == K.DELIVER and f[1][0] == "t/2")
+        await victim.hang_up()
