@@ -9,9 +9,11 @@ with the same calls as an in-process :class:`meshbus.Session`.
 
 from __future__ import annotations
 
-from ._client import Backoff, RemoteFlow, RemoteSession, connect
+from ._backoff import Backoff
+from ._client import RemoteSession, connect
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._protocol import PROTOCOL_VERSION, LinkProtocol, LinkState, Role
+from ._remote_flow import RemoteFlow
 from ._server import Server, ServerStatistics, start_server
 from ._settings import (
     DEFAULT_PORT,

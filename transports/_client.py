@@ -15,7 +15,6 @@ import inspect
 import itertools
 import logging
 import math
-import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, suppress
@@ -28,7 +27,6 @@ import anyio.abc
 from meshbus._egress import Egress
 from meshbus._messages import Message
 from meshbus._topics import parse_subscription, validate_topic
-from meshbus.abc import Flow
 from meshbus.errors import (
     AccessDeniedError,
     AuthenticationError,
@@ -41,6 +39,7 @@ from meshbus.errors import (
     TransportError,
 )
 
+from ._backoff import Backoff
 from ._codec import (
     PublishEntry,
     decode_deliver,
@@ -53,10 +52,12 @@ from ._compression import ALGORITHMS
 from ._connection import Connection, unwrap_errors
 from ._framing import FrameKind
 from ._protocol import LinkProtocol, LinkState, Role
+from ._remote_flow import RemoteFlow, Request
 from ._settings import MAX_FRAME_SIZE, TlsSettings
 from ._streams import connect_stream
+from ._wire_errors import error_from
 
-__all__ = ["Backoff", "RemoteFlow", "RemoteSession", "connect"]
+__all__ = ["RemoteSession", "connect"]
 
 log = logging.getLogger("meshbus.transports")
 
@@ -68,157 +69,6 @@ _FLOW_DELIVER = int(K.FLOW_DELIVER)
 _OK = int(K.OK)
 _ERROR = int(K.ERROR)
 MessageHandler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
-
-
-class Backoff:
-    """Reconnect delays: ``initial`` doubling to ``maximum``, each with random jitter.
-
-    The jitter (up to ``jitter`` of the delay, either way) keeps many clients cut off
-    together from coming back together.
-    """
-
-    def __init__(
-        self,
-        initial: float = 1.0,
-        maximum: float = 120.0,
-        jitter: float = 0.2,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self.jitter = jitter
-        self._rng = rng or random.Random()
-        self.attempt = 0
-
-    def next_delay(self) -> float:
-        """The delay before the next attempt (and count the attempt)."""
-        base = min(self.maximum, self.initial * 2.0 ** min(self.attempt, 64))
-        self.attempt += 1
-        return base * (1 + self._rng.uniform(-self.jitter, self.jitter))
-
-    def reset(self) -> None:
-        """Start again from ``initial`` (after a successful login)."""
-        self.attempt = 0
-
-
-_CODES: dict[str, type[MeshbusError]] = {
-    "invalid-topic": InvalidTopicError,
-    "access-denied": AccessDeniedError,
-    "rejected": PublishRejectedError,
-    "limit-exceeded": LimitExceededError,
-    "state": StateError,
-    "protocol": ProtocolError,
-}
-
-
-def _error_from(header: dict[str, Any]) -> MeshbusError:
-    """The error an ERROR frame stands for: the class the node raised, its attributes
-    rebuilt, and the node's own message."""
-    code = header.get("error")
-    message = str(header.get("message", "request failed"))
-    cls = _CODES.get(code, MeshbusError) if isinstance(code, str) else MeshbusError
-    given = header.get("attrs")
-    a: dict[str, Any] = given if isinstance(given, dict) else {}
-
-    def text(key: str) -> str:
-        value = a.get(key)
-        return value if isinstance(value, str) else ""
-
-    def number(key: str) -> int | None:
-        value = a.get(key)
-        return value if type(value) is int else None
-
-    error: MeshbusError
-    if cls is InvalidTopicError:
-        error = InvalidTopicError(text("topic"), text("reason"), number("level"))
-    elif cls is AccessDeniedError:
-        error = AccessDeniedError(text("username"), text("action"), text("topic"), text("why"))
-    elif cls is PublishRejectedError:
-        error = PublishRejectedError(
-            text("reason") or "rejected", "", number("limit"), number("size")
-        )
-    elif cls is LimitExceededError:
-        error = LimitExceededError(message, number("limit") or 0)
-    else:
-        error = cls(message)
-    error.args = (message,)  # the node's words, exactly
-    return error
-
-
-class _Request:
-    __slots__ = ("done", "frame", "result")
-
-    def __init__(self, frame: tuple[FrameKind, dict[str, Any], bytes]) -> None:
-        self.frame = frame
-        self.done = anyio.Event()
-        self.result: dict[str, Any] | MeshbusError | None = None
-
-
-class RemoteFlow(Flow):
-    """A flow bound over a connection; see :meth:`RemoteSession.bind`."""
-
-    def __init__(self, session: RemoteSession, bind: dict[str, Any], window: int) -> None:
-        self._session = session
-        self._bind = bind
-        self.window = window
-        self.number = 0  # the node's number for it on the current connection
-        self._messages: deque[Message] = deque()
-        self._arrived = anyio.Event()
-        self._delivered: set[int] = set()  # ids handed out on the current connection
-        self._stale: set[int] = set()  # handed out before a reconnect: the node gave them back
-        self.unbound = False
-
-    def _push(self, message: Message) -> None:
-        self._messages.append(message)
-        self._arrived.set()
-
-    def _rebound(self, number: int) -> None:
-        # The node gave back what was unacknowledged on the old connection: it comes again.
-        self.number = number
-        self._messages.clear()
-        self._stale |= self._delivered
-        self._delivered.clear()
-
-    async def receive(self) -> Message:
-        while not self._messages:
-            if self.unbound:
-                raise StateError(f"flow on {self._bind.get('queue') or self._bind['endpoint']!r}")
-            self._arrived = anyio.Event()
-            await self._arrived.wait()
-        message = self._messages.popleft()
-        assert message.message_id is not None
-        self._delivered.add(message.message_id)
-        return message
-
-    def ack(self, message: Message) -> None:
-        message_id = message.message_id
-        if message_id is None or message_id not in self._delivered:
-            if message_id in self._stale:  # from before a reconnect: it comes again
-                self._stale.discard(message_id)
-                return
-            raise StateError(f"message {message_id!r} is not unacknowledged on this flow")
-        self._delivered.discard(message_id)
-        self._session._send_frame(K.ACK, {"flow": self.number, "ids": [message_id]})
-
-    async def unbind(self) -> None:
-        if self.unbound:
-            return
-        self.unbound = True
-        self._arrived.set()
-        session = self._session
-        session._flows.pop(self.number, None)
-        session._flow_list.remove(self)
-        if session._connected:
-            with contextlib.suppress(StateError, TransportError):  # the node dropped it already
-                await session._request(K.UNBIND, {"flow": self.number})
-
-    async def __anext__(self) -> Message:
-        try:
-            return await self.receive()
-        except StateError:
-            if self.unbound:
-                raise StopAsyncIteration from None
-            raise
 
 
 class RemoteSession:
@@ -275,7 +125,7 @@ class RemoteSession:
         self._admitted: dict[str, None] = {}  # topics already validated (bounded)
         self._pending: list[PublishEntry] = []  # publishes the writer has not encoded yet
         self._pending_bytes = 0
-        self._requests: dict[int, _Request] = {}
+        self._requests: dict[int, Request] = {}
         self._ids = itertools.count(1)
         self._flows: dict[int, RemoteFlow] = {}
         self._flow_list: list[RemoteFlow] = []
@@ -386,6 +236,15 @@ class RemoteSession:
         except TimeoutError:
             await connection.aclose()
             raise TransportError(f"connecting to {self.url}: no answer to the login") from None
+        except TransportError as exc:
+            await connection.aclose()
+            if self.url.startswith("tls:") and (self.tls is None or self.tls.certificate is None):
+                # With TLS 1.3 a node checks client certificates after the client's side
+                # of the handshake is done; its refusal arrives as a closed connection.
+                raise TransportError(
+                    f"{exc} (during login, without a client certificate: the node may require one)"
+                ) from exc
+            raise
         except BaseException:
             await connection.aclose()
             raise
@@ -407,11 +266,11 @@ class RemoteSession:
         protocol = self._protocol
         assert protocol is not None
         for subscription in self._subscriptions:
-            request = _Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
+            request = Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
             self._send_request(request, restored=True)
         self._flows.clear()
         for flow in self._flow_list:
-            self._send_request(_Request((K.BIND, dict(flow._bind), b"")), flow=flow)
+            self._send_request(Request((K.BIND, dict(flow._bind), b""), flow))
         for request_id, request in sorted(self._requests.items()):
             kind, header, payload = request.frame
             if kind not in (K.BIND, K.UNBIND):  # flows are bound again above
@@ -501,7 +360,7 @@ class RemoteSession:
             request_id = header.get("id")
             request = self._requests.pop(request_id, None) if request_id is not None else None
             if kind == _ERROR:
-                error = _error_from(header)
+                error = error_from(header)
                 if request is None:
                     self._defer(error)
                 else:
@@ -509,9 +368,20 @@ class RemoteSession:
                         # Refused: forget it (not restored) and report it at confirm().
                         self._subscriptions.pop(request.frame[1]["subscription"], None)
                         self._defer(error)
+                    elif request.flow is not None and request.flow in self._flow_list:
+                        log.warning("could not bind %r again: %s", request.flow, error)
+                        self._flow_list.remove(request.flow)
+                        request.flow.unbound = True
+                        request.flow._arrived.set()
                     request.result = error
                     request.done.set()
             elif request is not None:
+                flow = request.flow
+                if flow is not None:
+                    number = header.get("flow")
+                    if type(number) is int:
+                        flow._rebound(number)
+                        self._flows[number] = flow
                 request.result = header
                 request.done.set()
         elif kind == K.FLOW_CLOSED:
@@ -591,41 +461,22 @@ class RemoteSession:
             self._protocol.send(kind, header, payload)
             self._kick.set()
 
-    def _send_request(
-        self, request: _Request, *, restored: bool = False, flow: RemoteFlow | None = None
-    ) -> int:
+    def _send_request(self, request: Request, *, restored: bool = False) -> int:
         request_id = next(self._ids)
         kind, header, payload = request.frame
-        if not restored and flow is None:
+        if not restored:
             self._requests[request_id] = request
-        elif flow is not None:
-            self._requests[request_id] = request
-            self._tg_start(self._await_rebind, request, flow)
         if self._connected and self._protocol is not None:
             self._encode_pending()  # keep the order the application made its calls in
             self._protocol.send(kind, {**header, "id": request_id}, payload)
             self._kick.set()
         return request_id
 
-    def _tg_start(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        if self._tg is not None:
-            self._tg.start_soon(fn, *args)
-
-    async def _await_rebind(self, request: _Request, flow: RemoteFlow) -> None:
-        await request.done.wait()
-        if isinstance(request.result, dict) and isinstance(request.result.get("flow"), int):
-            flow._rebound(request.result["flow"])
-            self._flows[flow.number] = flow
-        else:
-            log.warning("could not bind %r again after reconnecting: %s", flow, request.result)
-            flow.unbound = True
-            flow._arrived.set()
-
     async def _request(
         self, kind: FrameKind, header: dict[str, Any], payload: bytes = b""
     ) -> dict[str, Any]:
         self._check_open()
-        request = _Request((kind, header, payload))
+        request = Request((kind, header, payload))
         self._send_request(request)
         await request.done.wait()
         result = request.result
@@ -733,7 +584,7 @@ class RemoteSession:
         if subscription in self._subscriptions:
             return
         self._subscriptions[subscription] = None
-        request = _Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
+        request = Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
         self._send_request(request)
 
     def unsubscribe(self, subscription: str) -> None:
@@ -741,7 +592,7 @@ class RemoteSession:
         self._check_open()
         if self._subscriptions.pop(subscription, 0) == 0:
             raise StateError(f"not subscribed to {subscription!r}")
-        request = _Request((K.UNSUBSCRIBE, {"subscription": subscription}, b""))
+        request = Request((K.UNSUBSCRIBE, {"subscription": subscription}, b""))
         self._send_request(request)
 
     async def receive(self) -> Message:
@@ -833,14 +684,14 @@ class RemoteSession:
         """Publish many guaranteed messages, pipelined; one result per message, in order."""
         self._check_open()
         base = _send_header(persistent, headers, ttl, False, None, None)
-        requests: list[_Request | Exception] = []
+        requests: list[Request | Exception] = []
         for topic, payload in messages:
             try:
                 validate_topic(topic)
             except InvalidTopicError as exc:
                 requests.append(exc)
                 continue
-            request = _Request((K.SEND, {**base, "topic": topic}, _as_bytes(payload)))
+            request = Request((K.SEND, {**base, "topic": topic}, _as_bytes(payload)))
             self._send_request(request)
             requests.append(request)
         results: list[Exception | None] = []
@@ -865,13 +716,15 @@ class RemoteSession:
         return await self._bind_flow(bind, window)
 
     async def _bind_flow(self, bind: dict[str, Any], window: int) -> RemoteFlow:
+        self._check_open()
         flow = RemoteFlow(self, bind, window)
-        result = await self._request(K.BIND, bind)
-        number = result.get("flow")
-        if type(number) is not int:
+        request = Request((K.BIND, bind, b""), flow)
+        self._send_request(request)
+        await request.done.wait()
+        if isinstance(request.result, MeshbusError):
+            raise request.result
+        if not flow.number:
             raise ProtocolError("BIND answer has no flow number")
-        flow.number = number
-        self._flows[number] = flow
         self._flow_list.append(flow)
         return flow
 

@@ -24,12 +24,8 @@ import anyio.abc
 from meshbus._messages import Message
 from meshbus._stats import NodeStatistics
 from meshbus.errors import (
-    AccessDeniedError,
-    InvalidTopicError,
-    LimitExceededError,
     MeshbusError,
     ProtocolError,
-    PublishRejectedError,
     StateError,
     TransportError,
 )
@@ -45,6 +41,7 @@ from ._connection import unwrap_errors
 from ._framing import FrameKind
 from ._protocol import LinkState
 from ._settings import ListenerSettings
+from ._wire_errors import error_attributes, error_code
 
 if TYPE_CHECKING:
     from meshbus._session import Session
@@ -52,7 +49,7 @@ if TYPE_CHECKING:
 
     from ._connection import Connection
 
-__all__ = ["ServedSession", "error_code"]
+__all__ = ["ServedSession"]
 
 log = logging.getLogger("meshbus.transports")
 
@@ -62,35 +59,6 @@ _PUBLISH_BATCH = int(K.PUBLISH_BATCH)
 _BATCH_BYTES = 256 * 1024  # deliveries encoded per write, at most (about)
 _BATCH_MESSAGES = 4096  # and at most this many, so a batch header stays small
 _MAX_PIPELINED_SENDS = 4096  # SEND frames waiting for the sender before reading pauses
-_ERROR_CODES: tuple[tuple[type[Exception], str], ...] = (
-    (InvalidTopicError, "invalid-topic"),
-    (AccessDeniedError, "access-denied"),
-    (PublishRejectedError, "rejected"),
-    (LimitExceededError, "limit-exceeded"),
-    (StateError, "state"),
-    (ProtocolError, "protocol"),
-)
-
-
-def error_code(exc: BaseException) -> str:
-    """The wire code of a meshbus error (the client maps it back to the class)."""
-    for cls, code in _ERROR_CODES:
-        if isinstance(exc, cls):
-            return code
-    return "error"
-
-
-def error_attributes(exc: BaseException) -> dict[str, Any]:
-    """The attributes a client needs to rebuild ``exc`` as the same class."""
-    if isinstance(exc, InvalidTopicError):
-        return {"topic": exc.topic, "reason": exc.reason, "level": exc.level}
-    if isinstance(exc, AccessDeniedError):
-        return {"username": exc.username, "action": exc.action, "topic": exc.topic, "why": exc.why}
-    if isinstance(exc, PublishRejectedError):
-        return {"reason": exc.reason, "limit": exc.limit, "size": exc.size}
-    if isinstance(exc, LimitExceededError):
-        return {"limit": exc.limit}
-    return {}
 
 
 class ServedSession:

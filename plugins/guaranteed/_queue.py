@@ -85,6 +85,9 @@ class Queue:
         self._reserved = (0, 0)
         self._changed = anyio.Event()
         self._waiting = 0  # flows waiting in wait(): wake only when there are some
+        #: Bumped by every wake: a flow that looked before awaiting the store passes
+        #: what it saw to wait(), which returns at once if something happened since.
+        self.version = 0
         self._refill_lock = anyio.Lock()
         self.deleted = False
         # counters
@@ -162,6 +165,7 @@ class Queue:
         self._wake()
 
     def _wake(self) -> None:
+        self.version += 1
         if self._waiting:
             self._changed.set()
             self._changed = anyio.Event()
@@ -231,7 +235,9 @@ class Queue:
             raise
         self._wake()
 
-    async def wait(self) -> None:
+    async def wait(self, seen: int | None = None) -> None:
+        if seen is not None and seen != self.version:
+            return  # woken while the caller was busy with the store: look again
         self._waiting += 1
         try:
             await self._changed.wait()
@@ -298,6 +304,7 @@ class QueueFlow(Flow):
     async def _receive(self) -> Message:
         queue = self.queue
         while True:
+            seen = queue.version
             if self.unbound:
                 raise StateError(f"flow {self.id} on queue {queue.settings.name!r} is unbound")
             if len(queue._pending_acks) >= _ACK_BATCH:
@@ -326,7 +333,7 @@ class QueueFlow(Flow):
             await queue.flush_acks()  # nothing to hand out: a good moment to commit acks
             if self._prefetched or self.unbound:
                 continue
-            await queue.wait()
+            await queue.wait(seen)
 
     async def _prefetch(self, room: int) -> None:
         queue = self.queue

@@ -1,0 +1,183 @@
+"""The parsed node configuration: :class:`NodeConfig` and its :class:`VpnConfig`
+and :class:`UserConfig`, as :func:`meshbus._config.load_config` returns them, and how
+a node is built and provisioned from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ._config_values import _failure, _join
+from ._node import Node
+from ._profiles import AclProfile, ClientProfile, check_identity
+from .errors import ConfigurationError, StateError
+
+
+def _username(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    check_identity("username", value)
+
+
+def _password(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigurationError("password must be a non-empty string")
+
+
+@attrs.frozen
+class UserConfig:
+    """A client username to create with :meth:`meshbus.Vpn.add_user`."""
+
+    name: str = attrs.field(validator=_username)
+    """The username clients log in with."""
+    password: str | None = attrs.field(default=None, validator=_password, repr=False)
+    """Plain password (hashed by ``add_user``); ``None``: no password can log in."""
+    client_profile: str = "default"
+    """Name of its client profile."""
+    acl_profile: str = "default"
+    """Name of its ACL profile."""
+    subscription_manager: bool = False
+    """Whether its sessions may manage other sessions' subscriptions."""
+    enabled: bool = True
+    """Disabled usernames cannot log in."""
+
+
+@attrs.frozen
+class VpnConfig:
+    """One Message VPN of a :class:`NodeConfig`."""
+
+    name: str
+    """The VPN's name."""
+    authentication: str = "none"
+    """``"none"``, ``"basic"`` or ``"client-certificate"`` (see :class:`meshbus.Vpn`)."""
+    client_profiles: tuple[ClientProfile, ...] = ()
+    """Client profiles to add (besides the built-in ``"default"``)."""
+    acl_profiles: tuple[AclProfile, ...] = ()
+    """ACL profiles to add (besides the built-in ``"default"``)."""
+    users: tuple[UserConfig, ...] = ()
+    """Client usernames to add."""
+    queues: tuple[Any, ...] = ()
+    """``QueueSettings`` of the queues to provision."""
+    topic_endpoints: tuple[Any, ...] = ()
+    """``QueueSettings`` of the topic endpoints to provision."""
+
+
+@attrs.frozen
+class NodeConfig:
+    """A validated node configuration, as :func:`load_config` returns it.
+
+    Build the node, then provision it once it runs::
+
+        config = load_config("edge.toml")
+        node = config.build_node()
+        async with node:
+            await config.provision(node)
+            ...
+    """
+
+    source: str
+    """Where it came from (the file name as given), used in every problem reported."""
+    data_dir: Path
+    """Durable state of the node (absolute)."""
+    name: str = "meshbus"
+    """The node's name."""
+    plugins: tuple[str, ...] | None = None
+    """Plugin names to load; ``None`` for :data:`meshbus.DEFAULT_PLUGINS`."""
+    block: tuple[str, ...] = ()
+    """Plugin names never to load."""
+    listeners: tuple[Any, ...] = ()
+    """``meshbus.transports.ListenerSettings`` of each listener."""
+    vpns: tuple[VpnConfig, ...] = ()
+    """The node's VPNs: it has no others."""
+
+    def vpn(self, name: str) -> VpnConfig:
+        """The configuration of the VPN called ``name``."""
+        for vpn in self.vpns:
+            if vpn.name == name:
+                return vpn
+        raise KeyError(name)
+
+    def build_node(self) -> Node:
+        """Make the node with its plugins, VPNs, profiles and users (not started).
+
+        Queues and topic endpoints need a running node: see :meth:`provision`.
+
+        :raises ConfigurationError: something the checks could not foresee was
+            refused (a plugin failed to import, a scheme the VPN does not support).
+        """
+        try:
+            node = Node(
+                name=self.name, plugins=self.plugins, block=self.block, data_dir=self.data_dir
+            )
+        except ConfigurationError as exc:
+            raise _failure(self.source, [f"{self.source}: node.plugins: {exc}"]) from exc
+        problems: list[str] = []
+        # Recreated as configured, or dropped: an unlisted, unauthenticated VPN
+        # would let anyone who reaches a listener in.
+        node.remove_vpn("default")
+        for config in self.vpns:
+            where = f"{self.source}: {_join('vpns', config.name)}"
+            try:
+                vpn = node.create_vpn(config.name, authentication=config.authentication)
+            except (ConfigurationError, StateError) as exc:
+                problems.append(f"{where}.authentication: {exc}")
+                continue
+            for client_profile in config.client_profiles:
+                vpn.add_client_profile(client_profile)
+            for acl_profile in config.acl_profiles:
+                vpn.add_acl_profile(acl_profile)
+            for user in config.users:
+                try:
+                    vpn.add_user(
+                        user.name,
+                        password=user.password,
+                        client_profile=user.client_profile,
+                        acl_profile=user.acl_profile,
+                        subscription_manager=user.subscription_manager,
+                        enabled=user.enabled,
+                    )
+                except ConfigurationError as exc:
+                    problems.append(f"{where}.{_join('users', user.name)}: {exc}")
+        if problems:
+            raise _failure(self.source, problems)
+        return node
+
+    async def provision(self, node: Node) -> None:
+        """Create the queues and topic endpoints in a node made by :meth:`build_node`.
+
+        Call it inside ``async with node:``, before clients connect: the guaranteed
+        service takes queues only once its store is open. Queues that exist with the
+        same settings are left as they are, so calling it twice is harmless.
+
+        :raises ConfigurationError: listing every queue or endpoint refused.
+        :raises StateError: the node is not running.
+        """
+        if not any(vpn.queues or vpn.topic_endpoints for vpn in self.vpns):
+            return
+        if not node.running:
+            raise StateError("provision() needs a running node: call it in 'async with node:'")
+        problems: list[str] = []
+        service: Any = node.guaranteed
+        for config in self.vpns:
+            where = f"{self.source}: {_join('vpns', config.name)}"
+            for queue in config.queues:
+                settings = attrs.asdict(queue, recurse=False)
+                del settings["name"]
+                try:
+                    service.create_queue(queue.name, vpn=config.name, **settings)
+                except (ConfigurationError, StateError) as exc:
+                    problems.append(f"{where}.{_join('queues', queue.name)}: {exc}")
+            for endpoint in config.topic_endpoints:
+                settings = attrs.asdict(endpoint, recurse=False)
+                del settings["name"], settings["subscriptions"]
+                path = f"{where}.{_join('topic_endpoints', endpoint.name)}"
+                create = getattr(service, "create_topic_endpoint", None)
+                if create is None:
+                    problems.append(f"{path}: the guaranteed service has no topic endpoints")
+                    continue
+                try:
+                    create(endpoint.name, vpn=config.name, **settings)
+                except (ConfigurationError, StateError) as exc:
+                    problems.append(f"{path}: {exc}")
+        if problems:
+            raise _failure(self.source, problems)

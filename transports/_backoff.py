@@ -1,0 +1,38 @@
+"""Reconnect delays for remote sessions (and, later, bridges and links)."""
+
+from __future__ import annotations
+
+import random
+
+__all__ = ["Backoff"]
+
+
+class Backoff:
+    """Reconnect delays: ``initial`` doubling to ``maximum``, each with random jitter.
+
+    The jitter (up to ``jitter`` of the delay, either way) keeps many clients cut off
+    together from coming back together.
+    """
+
+    def __init__(
+        self,
+        initial: float = 1.0,
+        maximum: float = 120.0,
+        jitter: float = 0.2,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.jitter = jitter
+        self._rng = rng or random.Random()
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        """The delay before the next attempt (and count the attempt)."""
+        base = min(self.maximum, self.initial * 2.0 ** min(self.attempt, 64))
+        self.attempt += 1
+        return base * (1 + self._rng.uniform(-self.jitter, self.jitter))
+
+    def reset(self) -> None:
+        """Start again from ``initial`` (after a successful login)."""
+        self.attempt = 0
