@@ -137,6 +137,8 @@ class RemoteSession:
         self._kick = anyio.Event()
         self._written = anyio.Event()
         self._stack: AsyncExitStack | None = None
+        self._supervisor_scope = anyio.CancelScope()
+        self._supervisor_done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._deferred: deque[MeshbusError] = deque(maxlen=100)
         #: What the node said at the last login (client name, keepalive, compression).
@@ -181,17 +183,20 @@ class RemoteSession:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+        if self._stack is not None:  # the task group is left where it was entered
+            await self._stack.aclose()
 
     async def aclose(self) -> None:
-        """Write what is buffered, log out and close. Idempotent."""
-        if self.closed:
-            return
+        """Write what is buffered, log out and close. Idempotent; callable from any task."""
+        if not self.closed:
+            await self._shut_down(wait_for_tasks=True)
+
+    async def _shut_down(self, *, wait_for_tasks: bool) -> None:
         self._closing = True
         connection = self._connection
         if connection is not None and self._connected:
-            with anyio.move_on_after(5):
-                with suppress(TransportError):
-                    await connection.flush()
+            with anyio.move_on_after(5), suppress(TransportError):
+                await connection.flush()
             await connection.send_close("client closed the session")
         self.closed = True
         self._connected = False
@@ -200,15 +205,15 @@ class RemoteSession:
             flow.unbound = True
             flow._arrived.set()
         self._fail_requests(StateError("the session is closed"))
-        # Stop the tasks first: a reader must not see its stream closed under it.
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
-        try:
-            if self._stack is not None:
-                await self._stack.aclose()
-        finally:
-            if connection is not None:
-                await connection.aclose()
+        # Only the session's own tasks: the task that entered the session is not cancelled,
+        # so aclose() works from any task and inside any cancel scope.
+        self._supervisor_scope.cancel()
+        if wait_for_tasks:
+            # A reader must not see its stream closed under it (trio refuses that).
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await self._supervisor_done.wait()
+        if connection is not None:
+            await connection.aclose()
 
     async def _open_connection(self) -> None:
         """Connect, log in and restore state; raises on failure."""
@@ -279,6 +284,13 @@ class RemoteSession:
     # --- the connection's tasks ---------------------------------------------------------
 
     async def _supervise(self) -> None:
+        try:
+            with self._supervisor_scope:
+                await self._keep_connected()
+        finally:
+            self._supervisor_done.set()
+
+    async def _keep_connected(self) -> None:
         while not self.closed:
             try:
                 with unwrap_errors():
@@ -303,7 +315,7 @@ class RemoteSession:
             await self._connection.aclose()
         if not self.reconnect:
             self._fail_requests(TransportError(f"connection to {self.url} lost"))
-            await self.aclose()
+            await self._shut_down(wait_for_tasks=False)  # this task is the supervisor
             return
         while not self._closing:
             delay = self.backoff.next_delay()

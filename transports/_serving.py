@@ -74,6 +74,7 @@ class ServedSession:
         self._sends_room = anyio.Event()
         self._flows: dict[int, tuple[Flow, anyio.CancelScope, dict[int, Message]]] = {}
         self._flow_numbers = 0
+        self._flow_done: dict[int, anyio.Event] = {}
         self.errors_sent = 0
         #: Messages whose headers could not be written (not JSON-serializable).
         self.undeliverable = 0
@@ -287,10 +288,25 @@ class ServedSession:
         scope = anyio.CancelScope()
         unacked: dict[int, Message] = {}
         self._flows[number] = (flow, scope, unacked)
-        self._tg.start_soon(self._feed_flow, number, flow, scope, unacked)
+        self._flow_done[number] = done = anyio.Event()
+        self._tg.start_soon(self._feed_flow, number, flow, scope, unacked, done)
         self._ok(request, flow=number)
 
     async def _feed_flow(
+        self,
+        number: int,
+        flow: Flow,
+        scope: anyio.CancelScope,
+        unacked: dict[int, Message],
+        done: anyio.Event,
+    ) -> None:
+        try:
+            await self._feed(number, flow, scope, unacked)
+        finally:
+            done.set()
+            self._flow_done.pop(number, None)
+
+    async def _feed(
         self, number: int, flow: Flow, scope: anyio.CancelScope, unacked: dict[int, Message]
     ) -> None:
         protocol = self.protocol
@@ -316,7 +332,12 @@ class ServedSession:
         if entry is None:
             raise StateError(f"no flow {number!r} on this connection")
         flow, scope, _ = entry
+        done = self._flow_done.get(number)
         scope.cancel()
+        if done is not None:
+            # Let the feeder finish first: cancelled inside an ack commit it gives the ids
+            # back, and the unbind below must commit them.
+            await done.wait()
         await flow.unbind()
         self._ok(request)
 

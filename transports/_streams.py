@@ -101,13 +101,17 @@ async def connect_stream(
                 set_nodelay(stream)
                 if context is not None:
                     assert tls is not None
-                    stream = await TLSStream.wrap(
-                        stream,
-                        server_side=False,
-                        hostname=tls.server_hostname or host,
-                        ssl_context=context,
-                        standard_compatible=False,
-                    )
+                    try:
+                        stream = await TLSStream.wrap(
+                            stream,
+                            server_side=False,
+                            hostname=tls.server_hostname or host,
+                            ssl_context=context,
+                            standard_compatible=False,
+                        )
+                    except BaseException:
+                        await anyio.aclose_forcefully(stream)  # the socket, not left to gc
+                        raise
         except TimeoutError:
             raise TransportError(f"connecting to {url}: timed out after {timeout} s") from None
     return stream
