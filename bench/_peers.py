@@ -848,28 +848,41 @@ def main(argv: list[str] | None = None) -> None:
 
     import anyio
 
+    from meshbus._eventloop import run as run_like_meshbus_run
+
+    def client_run(func: Callable[..., Any], *args: Any) -> Any:
+        # Every asyncio client (nats-py and meshbus alike) runs on the same loop:
+        # the standard one, or uvloop with --client-loop uvloop.
+        uvloop = os.environ.get(CLIENT_LOOP_VARIABLE) == "uvloop"
+        return anyio.run(func, *args, backend_options={"use_uvloop": uvloop})
+
     mesh = (a.ca, a.compression)
     roles: dict[str, Callable[[], Any]] = {
-        "nats-sub": lambda: anyio.run(nats_sub, a.url, a.messages),
-        "nats-pub": lambda: anyio.run(nats_pub, a.url, a.messages),
-        "nats-responder": lambda: anyio.run(nats_responder, a.url),
-        "nats-requester": lambda: anyio.run(nats_requester, a.url, a.requests, a.warmup),
+        "nats-sub": lambda: client_run(nats_sub, a.url, a.messages),
+        "nats-pub": lambda: client_run(nats_pub, a.url, a.messages),
+        "nats-responder": lambda: client_run(nats_responder, a.url),
+        "nats-requester": lambda: client_run(nats_requester, a.url, a.requests, a.warmup),
         "mqtt-sub": lambda: mqtt_sub(a.url, a.messages),
         "mqtt-pub": lambda: mqtt_pub(a.url, a.messages),
         "mqtt-responder": lambda: mqtt_responder(a.url),
         "mqtt-requester": lambda: mqtt_requester(a.url, a.requests, a.warmup),
         "amqtt-broker": lambda: anyio.run(amqtt_broker_role, a.port),
-        "meshbus-broker": lambda: anyio.run(meshbus_broker_role, a.tls_dir),
-        "meshbus-sub": lambda: anyio.run(meshbus_sub, a.url, a.messages, *mesh),
-        "meshbus-pub": lambda: anyio.run(meshbus_pub, a.url, a.messages, *mesh),
-        "meshbus-responder": lambda: anyio.run(meshbus_responder, a.url, *mesh),
-        "meshbus-requester": lambda: anyio.run(
+        # The node runs on the loop `meshbus run` picks (uvloop when installed).
+        "meshbus-broker": lambda: run_like_meshbus_run(meshbus_broker_role, a.tls_dir),
+        "meshbus-sub": lambda: client_run(meshbus_sub, a.url, a.messages, *mesh),
+        "meshbus-pub": lambda: client_run(meshbus_pub, a.url, a.messages, *mesh),
+        "meshbus-responder": lambda: client_run(meshbus_responder, a.url, *mesh),
+        "meshbus-requester": lambda: client_run(
             meshbus_requester, a.url, a.requests, a.warmup, *mesh
         ),
     }
     if a.role not in roles:
         parser.error(f"unknown role {a.role!r}; one of {', '.join(roles)}")
     roles[a.role]()
+
+
+CLIENT_LOOP_VARIABLE = "MESHBUS_BENCH_CLIENT_LOOP"
+"""Set by the orchestrator: the event loop of every asyncio client process."""
 
 
 def temp_workdir() -> tempfile.TemporaryDirectory[str]:

@@ -64,7 +64,7 @@ from typing import Any
 
 import _peers
 from _harness import verdict
-from _peers import PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError
+from _peers import CLIENT_LOOP_VARIABLE, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError
 
 AMQTT_SHARE = 10  # amqtt gets N / AMQTT_SHARE messages (it is slow)
 
@@ -288,7 +288,8 @@ def header(args: argparse.Namespace) -> None:
     say(
         f"# transport: every process on 127.0.0.1, wall clock, {PAYLOAD_SIZE} B JSON-ish payloads; "
         f"throughput N={args.messages:,} (amqtt N/{AMQTT_SHARE}), round trips M={args.requests:,}; "
-        f"best of {args.rounds}"
+        f"best of {args.rounds}; asyncio clients on {args.client_loop}, "
+        "the meshbus node on the loop `meshbus run` picks (uvloop when installed)"
     )
     say(
         f"# peers: {nats_version} + nats-py {_version('nats-py')}; mosquitto {mosquitto_version}"
@@ -428,6 +429,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, help="M, timed round trips per run (2,000)")
     parser.add_argument("--rounds", type=int, help="runs per figure, the best kept (3; quick: 1)")
     parser.add_argument(
+        "--client-loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="event loop of the nats-py and meshbus client processes (default: asyncio)",
+    )
+    parser.add_argument(
         "--only",
         default="nats,mosquitto,amqtt,meshbus",
         help="comma-separated peers to run (default: all)",
@@ -441,6 +448,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.rounds = 1 if args.quick else 3
     if args.messages < 1 or args.requests < 1 or args.rounds < 1:
         parser.error("--messages, --requests and --rounds must be at least 1")
+    # The children inherit it (bench/_peers.py reads it in every client role).
+    os.environ[CLIENT_LOOP_VARIABLE] = args.client_loop
     args.only = {name.strip() for name in args.only.split(",") if name.strip()}
     unknown = args.only - {"nats", "mosquitto", "amqtt", "meshbus"}
     if unknown:

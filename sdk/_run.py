@@ -31,6 +31,8 @@ import anyio
 import attrs
 
 from ._config import NodeConfig, _transport_settings, default_config, load_config
+from ._eventloop import LOOPS
+from ._eventloop import run as run_on_loop
 from ._node import Node
 from .errors import ConfigurationError, MeshbusError
 
@@ -92,6 +94,12 @@ def add_parser(
         "port 0 picks a free port)",
     )
     parser.add_argument(
+        "--loop",
+        default="auto",
+        choices=LOOPS,
+        help="event loop: auto (uvloop when installed, else asyncio), asyncio, uvloop or trio",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -110,10 +118,10 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    return main(args.config, args.listen)
+    return main(args.config, args.listen, args.loop)
 
 
-def main(config_path: str | None, listen: Sequence[str] = ()) -> int:
+def main(config_path: str | None, listen: Sequence[str] = (), loop: str = "auto") -> int:
     """Serve the node ``config_path`` describes (the defaults for ``None``) until
     SIGINT or SIGTERM. Call it from the main thread: it runs its own event loop.
 
@@ -140,7 +148,7 @@ def main(config_path: str | None, listen: Sequence[str] = ()) -> int:
     if not config.listeners:
         log.warning("no listeners are configured: only in-process sessions can reach the node")
     try:
-        return anyio.run(_serve, config, node)
+        return run_on_loop(_serve, config, node, loop=loop)
     except ConfigurationError as exc:  # a queue refused at provisioning
         _print_problems(exc, config.source)
         return 2

@@ -7,9 +7,9 @@ import os
 import sys
 from typing import Any
 
-import anyio
 import orjson
 
+from meshbus._eventloop import run as run_on_loop
 from meshbus.errors import MeshbusError
 
 from ._client import RemoteSession, connect
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``pub``, ``sub`` or ``stats``; print errors as one line and return 1."""
     main = {"pub": _pub, "sub": _sub, "stats": _stats}[args.command]
     try:
-        anyio.run(main, args)
+        run_on_loop(main, args)
     except MeshbusError as exc:
         print(f"meshbus {args.command}: error: {exc}", file=sys.stderr)
         return 1
