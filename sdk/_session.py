@@ -156,7 +156,7 @@ class Session:
         if topic not in self._admitted:
             self._admit(topic)
         if type(payload) is not bytes:
-            payload = _as_bytes(payload)
+            payload = as_bytes(payload)
         if headers is None and reply_to is None and correlation_id is None:
             options = ELIGIBLE_OPTIONS if eliding_eligible else DEFAULT_OPTIONS
         else:
@@ -221,7 +221,7 @@ class Session:
         await self.node.guaranteed.send(
             self,
             topic,
-            _as_bytes(payload),
+            as_bytes(payload),
             _send_options(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id),
         )
 
@@ -251,7 +251,7 @@ class Session:
                 results.append(exc)
                 continue
             results.append(None)
-            batch.append((topic, _as_bytes(payload)))
+            batch.append((topic, as_bytes(payload)))
         sent = iter(
             await self.node.guaranteed.send_many(
                 self, batch, _send_options(persistent, headers, ttl, False, None, None)
@@ -279,7 +279,7 @@ class Session:
         await self.node.guaranteed.send_to_queue(
             self,
             queue,
-            _as_bytes(payload),
+            as_bytes(payload),
             _send_options(persistent, headers, ttl, False, reply_to, correlation_id),
         )
 
@@ -541,10 +541,7 @@ def _send_options(
     reply_to: str | None,
     correlation_id: str | None,
 ) -> dict[str, Any]:
-    if ttl is not None and (
-        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 <= ttl < math.inf
-    ):
-        raise PublishRejectedError("invalid-ttl", f"ttl must be a finite number >= 0, not {ttl!r}")
+    check_ttl(ttl)
     return {
         "persistent": persistent,
         "headers": dict(headers) if headers else {},
@@ -555,7 +552,17 @@ def _send_options(
     }
 
 
-def _as_bytes(payload: object) -> bytes:
+def check_ttl(ttl: object) -> None:
+    """Refuse a TTL that is not a finite number >= 0 (``None`` is no TTL); used by
+    remote sessions too, so both refuse the same values the same way."""
+    if ttl is not None and (
+        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 <= ttl < math.inf
+    ):
+        raise PublishRejectedError("invalid-ttl", f"ttl must be a finite number >= 0, not {ttl!r}")
+
+
+def as_bytes(payload: object) -> bytes:
+    """A payload as bytes: ``str`` is encoded as UTF-8 (remote sessions use it too)."""
     if isinstance(payload, str):
         return payload.encode("utf-8")
     if isinstance(payload, bytes | bytearray | memoryview):

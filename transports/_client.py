@@ -14,7 +14,6 @@ import contextlib
 import inspect
 import itertools
 import logging
-import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, suppress
@@ -26,6 +25,7 @@ import anyio.abc
 
 from meshbus._egress import Egress
 from meshbus._messages import Message
+from meshbus._session import MessageHandler, as_bytes, check_ttl
 from meshbus._topics import parse_subscription, validate_topic
 from meshbus.errors import (
     AccessDeniedError,
@@ -34,7 +34,6 @@ from meshbus.errors import (
     LimitExceededError,
     MeshbusError,
     ProtocolError,
-    PublishRejectedError,
     StateError,
     TransportError,
 )
@@ -68,7 +67,6 @@ _BATCH_MESSAGES = 4096  # publishes per PUBLISH_BATCH frame, at most
 _FLOW_DELIVER = int(K.FLOW_DELIVER)
 _OK = int(K.OK)
 _ERROR = int(K.ERROR)
-MessageHandler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
 
 
 class RemoteSession:
@@ -268,18 +266,20 @@ class RemoteSession:
 
     def _restore(self) -> None:
         """Queue what the node must know again after a (re)login."""
-        protocol = self._protocol
-        assert protocol is not None
+        pending = sorted(self._requests.items())
+        self._requests = {}
         for subscription in self._subscriptions:
-            request = Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
-            self._send_request(request, restored=True)
+            self._send_request(Request((K.SUBSCRIBE, {"subscription": subscription}, b"")))
         self._flows.clear()
         for flow in self._flow_list:
             self._send_request(Request((K.BIND, dict(flow._bind), b""), flow))
-        for request_id, request in sorted(self._requests.items()):
-            kind, header, payload = request.frame
-            if kind not in (K.BIND, K.UNBIND):  # flows are bound again above
-                protocol.send(kind, {**header, "id": request_id}, payload)
+        for _, request in pending:
+            if request.frame[0] in (K.SUBSCRIBE, K.UNSUBSCRIBE, K.UNBIND):
+                # What they changed was restored as a whole just above.
+                request.result = {}
+                request.done.set()
+            else:  # guaranteed sends, binds and requests in flight: again, with new ids
+                self._send_request(request)
 
     # --- the connection's tasks ---------------------------------------------------------
 
@@ -296,7 +296,7 @@ class RemoteSession:
                 with unwrap_errors():
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._writer)
-                        tg.start_soon(self._keepalive, tg.cancel_scope)
+                        tg.start_soon(self._keepalive, self._connection)
                         await self._reader()
                         tg.cancel_scope.cancel()
             except (TransportError, ProtocolError) as exc:
@@ -421,19 +421,11 @@ class RemoteSession:
             self._written.set()
             self._written = anyio.Event()
 
-    async def _keepalive(self, scope: anyio.CancelScope) -> None:
-        protocol = self._protocol
-        assert protocol is not None
+    async def _keepalive(self, connection: Connection) -> None:
         interval = float(self.welcome.get("keepalive", 10.0))
         timeout = float(self.welcome.get("keepalive_timeout", 30.0))
-        while True:
-            await anyio.sleep(min(interval, timeout) / 2)
-            now = anyio.current_time()
-            if protocol.peer_silent(now, timeout):
-                raise TransportError(f"keepalive: nothing heard from {self.url} for {timeout:g} s")
-            if protocol.ping_due(now, interval):
-                protocol.send(K.PING, {})
-                self._kick.set()
+        # self._kick is replaced by the writer at every wake: look it up at each ping.
+        await connection.keep_alive(interval, timeout, lambda: self._kick.set())
 
     async def _pump(self) -> None:
         handler = self._async_handler
@@ -473,11 +465,10 @@ class RemoteSession:
             self._protocol.send(kind, header, payload)
             self._kick.set()
 
-    def _send_request(self, request: Request, *, restored: bool = False) -> int:
+    def _send_request(self, request: Request) -> int:
         request_id = next(self._ids)
         kind, header, payload = request.frame
-        if not restored:
-            self._requests[request_id] = request
+        self._requests[request_id] = request
         if self._connected and self._protocol is not None:
             self._encode_pending()  # keep the order the application made its calls in
             self._protocol.send(kind, {**header, "id": request_id}, payload)
@@ -545,7 +536,7 @@ class RemoteSession:
             self.dropped += 1
             return
         if type(payload) is not bytes:
-            payload = _as_bytes(payload)
+            payload = as_bytes(payload)
         if self._pending_bytes > self.max_send_buffer:
             raise LimitExceededError(
                 "the send buffer is full: await session.flush()", self.max_send_buffer
@@ -667,7 +658,7 @@ class RemoteSession:
         validate_topic(topic)
         header = _send_header(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id)
         header["topic"] = topic
-        await self._request(K.SEND, header, _as_bytes(payload))
+        await self._request(K.SEND, header, as_bytes(payload))
 
     async def send_to_queue(
         self,
@@ -683,7 +674,7 @@ class RemoteSession:
         """Publish a guaranteed message to one queue by name."""
         header = _send_header(persistent, headers, ttl, False, reply_to, correlation_id)
         header["queue"] = queue
-        await self._request(K.SEND, header, _as_bytes(payload))
+        await self._request(K.SEND, header, as_bytes(payload))
 
     async def send_many(
         self,
@@ -703,7 +694,7 @@ class RemoteSession:
             except InvalidTopicError as exc:
                 requests.append(exc)
                 continue
-            request = Request((K.SEND, {**base, "topic": topic}, _as_bytes(payload)))
+            request = Request((K.SEND, {**base, "topic": topic}, as_bytes(payload)))
             self._send_request(request)
             requests.append(request)
         results: list[Exception | None] = []
@@ -804,27 +795,9 @@ def _send_header(
     reply_to: str | None,
     correlation_id: str | None,
 ) -> dict[str, Any]:
-    if ttl is not None and (
-        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 <= ttl < math.inf
-    ):
-        raise PublishRejectedError("invalid-ttl", f"ttl must be a finite number >= 0, not {ttl!r}")
+    check_ttl(ttl)
     header: dict[str, Any] = {"persistent": bool(persistent)}
-    if headers:
-        header["h"] = dict(headers)
     if ttl is not None:
         header["ttl"] = ttl
-    if eliding_eligible:
-        header["e"] = True
-    if reply_to is not None:
-        header["r"] = reply_to
-    if correlation_id is not None:
-        header["c"] = correlation_id
+    header.update(publish_options(headers, eliding_eligible, reply_to, correlation_id) or {})
     return header
-
-
-def _as_bytes(payload: object) -> bytes:
-    if isinstance(payload, str):
-        return payload.encode("utf-8")
-    if isinstance(payload, bytes | bytearray | memoryview):
-        return bytes(payload)
-    raise TypeError(f"payload must be bytes or str, not {type(payload).__name__}")

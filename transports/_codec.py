@@ -137,17 +137,9 @@ def encode_publish(
     correlation_id: str | None = None,
 ) -> bytes:
     """A PUBLISH frame for a direct message."""
-    if headers is None and not eliding_eligible and reply_to is None and correlation_id is None:
+    wire = publish_options(headers, eliding_eligible, reply_to, correlation_id)
+    if wire is None:
         return _frame(_PUBLISH, _dumps((topic,)), payload)
-    wire: dict[str, Any] = {}
-    if headers:
-        wire["h"] = headers
-    if eliding_eligible:
-        wire["e"] = True
-    if reply_to is not None:
-        wire["r"] = reply_to
-    if correlation_id is not None:
-        wire["c"] = correlation_id
     try:
         head = _dumps((topic, wire))
     except TypeError as exc:  # orjson: a header value it cannot serialize

@@ -8,7 +8,7 @@ interleaving, which TLS streams do not allow.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -110,6 +110,28 @@ class Connection:
             if data:
                 with map_exceptions(f"writing to {self.peer}"):
                     await self.stream.send(data)
+
+    async def keep_alive(
+        self, interval: float, timeout: float, wake_writer: Callable[[], None] | None = None
+    ) -> None:
+        """Run for the life of the connection: ping after ``interval`` seconds of sending
+        nothing; raise :class:`TransportError` after ``timeout`` seconds of hearing nothing.
+
+        :param wake_writer: how a ping gets written when a writer task owns the stream
+            (a client); without it the ping is flushed here (a node's connection).
+        """
+        protocol = self.protocol
+        while True:
+            await anyio.sleep(min(interval, timeout) / 2)
+            now = _current_time()
+            if protocol.peer_silent(now, timeout):
+                raise TransportError(f"keepalive: nothing heard from {self.peer} for {timeout:g} s")
+            if protocol.ping_due(now, interval):
+                protocol.send(FrameKind.PING, {})
+                if wake_writer is None:
+                    await self.flush()
+                else:
+                    wake_writer()
 
     async def flush_quietly(self) -> None:
         """Like :meth:`flush`, ignoring failures (for goodbyes to a peer being dropped)."""

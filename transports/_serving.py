@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import attrs
 
 from meshbus._messages import Message
 from meshbus._stats import NodeStatistics
@@ -87,7 +88,10 @@ class ServedSession:
                     self._tg = tg
                     tg.start_soon(self._pump)
                     tg.start_soon(self._sender)
-                    tg.start_soon(self._keepalive)
+                    settings = self.settings
+                    tg.start_soon(
+                        self.connection.keep_alive, settings.keepalive, settings.keepalive_timeout
+                    )
                     await self._read()
                     tg.cancel_scope.cancel()
         finally:
@@ -116,25 +120,21 @@ class ServedSession:
                 return
             for kind, header, payload in frames:
                 if kind == _PUBLISH_BATCH:
-                    for topic, body, options in decode_publish_batch(header, payload):
-                        try:
-                            if options is None:
-                                publish(topic, body)
-                            else:
-                                self._publish_with(topic, body, options)
-                        except (MeshbusError, TypeError, ValueError) as exc:
-                            self._error(None, exc, topic=topic)
+                    entries = decode_publish_batch(header, payload)
                 elif kind == _PUBLISH:
                     topic, options = decode_publish(header)
-                    try:
-                        if options is None:
-                            publish(topic, payload)
-                        else:
-                            self._publish_with(topic, payload, options)
-                    except (MeshbusError, TypeError, ValueError) as exc:
-                        self._error(None, exc, topic=topic)
+                    entries = [(topic, payload, options)]
                 else:
                     await self._control(kind, header, payload)
+                    continue
+                for topic, body, options in entries:
+                    try:
+                        if options is None:
+                            publish(topic, body)
+                        else:
+                            self._publish_with(topic, body, options)
+                    except (MeshbusError, TypeError, ValueError) as exc:
+                        self._error(None, exc, topic=topic)
             if protocol.out:
                 await connection.flush()
         if protocol.close_reason:
@@ -399,19 +399,6 @@ class ServedSession:
                         exc,
                     )
 
-    async def _keepalive(self) -> None:
-        interval = self.settings.keepalive
-        timeout = self.settings.keepalive_timeout
-        protocol = self.protocol
-        while True:
-            await anyio.sleep(min(interval, timeout) / 2)
-            now = anyio.current_time()
-            if protocol.peer_silent(now, timeout):
-                raise TransportError(f"keepalive: nothing heard for {timeout:g} s")
-            if protocol.ping_due(now, interval):
-                protocol.send(K.PING, {})
-                await self.connection.flush()
-
 
 def node_statistics(session: Session) -> dict[str, Any]:
     """What ``meshbus stats`` shows: node totals, the session's VPN and the listeners."""
@@ -429,8 +416,6 @@ def node_statistics(session: Session) -> dict[str, Any]:
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
-    import attrs
-
     return attrs.asdict(value)
 
 
