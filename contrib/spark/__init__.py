@@ -1,0 +1,36 @@
+"""The Spark connector (SPEC 11): meshbus streams in and out of PySpark.
+
+Install with ``pip install 'meshbus[spark]'`` (PySpark 4 and pyarrow; Java 17 to run
+Spark). Register a :class:`SparkBridge` on the node, attach it to a SparkSession,
+then read and write with ``format("meshbus")`` or the bridge's shortcuts::
+
+    bridge = SparkBridge(subscribe=["events/>"])
+    async with Node(plugins=[*DEFAULT_PLUGINS, bridge]) as node:
+        spark = local_spark_session()
+        query = bridge.sink_to(spark, subscribe="events/>", path="out", checkpoint="ck")
+
+The data source classes import pyspark; the bridge needs only pyarrow.
+"""
+
+from __future__ import annotations
+
+from ._bridge import SparkBridge
+from ._columns import arrow_schema, spark_schema
+from ._errors import BridgeError, BridgeUnavailableError, OffsetsUnavailableError, SparkOptionError
+from ._log import StreamLog
+from ._options import ADDRESS_ENV, DEFAULT_ADDRESS
+from ._session import local_spark_session
+
+__all__ = [
+    "ADDRESS_ENV",
+    "DEFAULT_ADDRESS",
+    "BridgeError",
+    "BridgeUnavailableError",
+    "OffsetsUnavailableError",
+    "SparkBridge",
+    "SparkOptionError",
+    "StreamLog",
+    "arrow_schema",
+    "local_spark_session",
+    "spark_schema",
+]

@@ -1,0 +1,58 @@
+"""Acknowledge what a query committed, from Spark's own progress events.
+
+Spark reports a micro-batch's progress after it wrote the batch to its commit log,
+in the driver: the app's process, where the bridge is. That is the earliest safe
+moment to release the batch's messages (the reader's ``commit`` runs only when the
+next batch is planned, and not at all after the last one of an ``availableNow`` run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+if TYPE_CHECKING:
+    from ._bridge import SparkBridge
+
+__all__ = ["CommitListener"]
+
+log = logging.getLogger("meshbus.contrib.spark")
+
+
+def committed_offsets(progress: Any) -> list[tuple[str, str, int]]:
+    """``(stream, consumer, next)`` for each ``meshbus`` source of a progress event."""
+    found = []
+    for source in progress.sources:
+        try:
+            end = json.loads(source.endOffset) if source.endOffset else None
+        except (TypeError, ValueError):
+            continue
+        if isinstance(end, dict) and "meshbusStream" in end:
+            found.append((str(end["meshbusStream"]), str(end["consumer"]), int(end["next"])))
+    return found
+
+
+class CommitListener(StreamingQueryListener):
+    """Passes each committed ``meshbus`` offset to the bridge."""
+
+    def __init__(self, bridge: SparkBridge) -> None:
+        self._bridge = bridge
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        try:
+            for stream, consumer, next_offset in committed_offsets(event.progress):
+                self._bridge.commit(stream, consumer, next_offset)
+        except Exception:  # a listener must never take Spark's listener bus down
+            log.exception("spark bridge: could not record a committed batch")
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass

@@ -1,0 +1,242 @@
+"""One stream's messages, numbered for Spark: the offsets a query checkpoints.
+
+A :class:`StreamLog` is filled by the bridge's capture (in the node's event loop) and
+read by the control server's threads, so every method is thread-safe. New messages
+go to a tail list, one ``append`` each; the tail becomes an Arrow record batch (a
+sealed segment) only when a reader asks how far the log goes, so a batch is built
+once per message and is as large as the traffic between two triggers allows.
+
+Retention is per consumer: a segment is released once every consumer registered on
+the stream has committed past it. A stream fed by a queue also hands back, at that
+point, the queue messages to acknowledge; a stream fed by subscriptions is further
+bounded by ``max_bytes`` and drops its oldest segments (counted) when over it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ._columns import messages_to_batch
+from ._errors import OffsetsUnavailableError
+
+if TYPE_CHECKING:
+    from meshbus import Message
+
+__all__ = ["StreamLog"]
+
+#: A tail this long is sealed by the appender, bounding the Python objects it holds.
+SEAL_ROWS = 65_536
+
+
+class StreamLog:
+    """The offset-numbered messages of one stream (partition 0).
+
+    :param name: the stream's id, as it appears in checkpointed offsets.
+    :param keep_handles: keep each message to acknowledge it later (queue streams).
+    :param max_bytes: for streams without handles, the most Arrow bytes retained.
+    """
+
+    def __init__(self, name: str, *, keep_handles: bool = False, max_bytes: int = 256 << 20):
+        self.name = name
+        self.keep_handles = keep_handles
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._seal_lock = threading.Lock()
+        self._segments: deque[tuple[int, pa.RecordBatch]] = deque()
+        self._tail: list[Message] = []
+        self._base = 0  # first retained offset
+        self._tail_start = 0  # offset of _tail[0] (= next offset when the tail is empty)
+        self._handles: deque[tuple[int, Message]] = deque()
+        self._release_floor = 0
+        self.consumers: dict[str, int] = {}
+        self.served = False
+        self.retained_bytes = 0
+        self.captured = 0
+        self.dropped = 0
+
+    def __repr__(self) -> str:
+        return f"<StreamLog {self.name!r} [{self._base}, {self.next_offset})>"
+
+    # --- writing (the node's event loop) ---------------------------------------------
+
+    def append(self, message: Message) -> None:
+        """Add one message at the next offset."""
+        with self._lock:
+            if self.keep_handles:
+                self._handles.append((self._tail_start + len(self._tail), message))
+            self._tail.append(message)
+            self.captured += 1
+            full = len(self._tail) >= SEAL_ROWS
+        if full:
+            self.seal()
+
+    # --- positions ----------------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next message will get."""
+        with self._lock:
+            return self._tail_start + len(self._tail)
+
+    @property
+    def earliest(self) -> int:
+        """The first offset still retained."""
+        with self._lock:
+            return self._base
+
+    def seal(self) -> int:
+        """Turn the tail into a segment; return the next offset (all below it readable)."""
+        with self._seal_lock:
+            with self._lock:
+                tail, self._tail = self._tail, []
+                start = self._tail_start
+                self._tail_start += len(tail)
+            if tail:
+                batch = messages_to_batch(tail, start)
+                with self._lock:
+                    self._segments.append((start, batch))
+                    self.retained_bytes += batch.nbytes
+                    self._enforce_size()
+            return start + len(tail)
+
+    def adopt(self, offset: int) -> None:
+        """Renumber a log nothing was read from yet so that it starts at ``offset``.
+
+        After the app restarts, a query resumes from offsets its checkpoint holds,
+        which a new log would otherwise number again from 0: the messages captured
+        since (for a queue, the ones it redelivers first) take the offsets the query
+        expects next. A log that has answered any reader is left as it is.
+        """
+        with self._seal_lock, self._lock:
+            if self.served or offset <= self._base:
+                return
+            shift = offset - self._base
+            segments = deque()
+            for start, batch in self._segments:
+                numbers = pa.array(range(start + shift, start + shift + batch.num_rows), pa.int64())
+                segments.append((start + shift, batch.set_column(4, "offset", numbers)))
+            self._segments = segments
+            self._handles = deque((o + shift, m) for o, m in self._handles)
+            self._base += shift
+            self._tail_start += shift
+            self._release_floor += shift
+            self.consumers = {c: p + shift for c, p in self.consumers.items()}
+
+    # --- consumers ----------------------------------------------------------------------
+
+    def register(self, consumer: str, starting: str) -> int:
+        """Register ``consumer`` (idempotent) and return where a new query of it starts."""
+        self.seal()
+        with self._lock:
+            self.served = True
+            if starting == "latest":
+                start = self._tail_start
+            elif starting == "committed" and consumer in self.consumers:
+                start = max(self.consumers[consumer], self._base)
+            else:
+                start = self._base
+            known = self.consumers.get(consumer)
+            self.consumers[consumer] = start if known is None else min(known, start)
+            return start
+
+    def touch(self, consumer: str, position: int) -> None:
+        """Keep data from ``position`` for a consumer seen again (after a restart)."""
+        with self._lock:
+            if consumer not in self.consumers:
+                self.consumers[consumer] = max(position, self._base)
+
+    def commit(self, consumer: str, next_offset: int) -> None:
+        """``consumer`` has everything below ``next_offset``; release what all have."""
+        with self._lock:
+            known = self.consumers.get(consumer)
+            if known is not None and next_offset <= known:
+                return
+            self.consumers[consumer] = next_offset
+            floor = min(self.consumers.values())
+            if floor <= self._release_floor:
+                return
+            self._release_floor = floor
+            while self._segments:
+                start, batch = self._segments[0]
+                if start + batch.num_rows > floor:
+                    break
+                self._segments.popleft()
+                self.retained_bytes -= batch.nbytes
+                self._base = start + batch.num_rows
+
+    def forget(self, consumer: str) -> bool:
+        """Stop retaining for ``consumer``; return whether it was registered."""
+        with self._lock:
+            return self.consumers.pop(consumer, None) is not None
+
+    def take_releasable(self) -> list[Message]:
+        """The kept messages every consumer has committed (to acknowledge now)."""
+        with self._lock:
+            released: list[Message] = []
+            while self._handles and self._handles[0][0] < self._release_floor:
+                released.append(self._handles.popleft()[1])
+            return released
+
+    def _enforce_size(self) -> None:
+        if self.keep_handles:
+            return  # a queue's window bounds it; never drop what is not acknowledged
+        while self.retained_bytes > self.max_bytes and len(self._segments) > 1:
+            start, batch = self._segments.popleft()
+            self.retained_bytes -= batch.nbytes
+            self.dropped += batch.num_rows
+            self._base = start + batch.num_rows
+
+    # --- reading (control server threads) --------------------------------------------
+
+    def mark_served(self) -> None:
+        with self._lock:
+            self.served = True
+
+    def read(self, start: int, end: int) -> list[pa.RecordBatch]:
+        """The rows ``[start, end)`` as zero-copy slices of sealed segments.
+
+        :raises OffsetsUnavailableError: ``start`` was released already.
+        """
+        if end > self._sealed_end():
+            self.seal()
+        with self._lock:
+            self.served = True
+            if start < self._base:
+                raise OffsetsUnavailableError(
+                    f"stream {self.name!r}: offsets from {start} were released "
+                    f"(earliest retained is {self._base}; dropped by the size limit: "
+                    f"{self.dropped})"
+                )
+            pieces = []
+            for seg_start, batch in self._segments:
+                seg_end = seg_start + batch.num_rows
+                if seg_end <= start:
+                    continue
+                if seg_start >= end:
+                    break
+                lo = max(start, seg_start) - seg_start
+                hi = min(end, seg_end) - seg_start
+                pieces.append(batch.slice(lo, hi - lo))
+            return pieces
+
+    def _sealed_end(self) -> int:
+        with self._lock:
+            return self._tail_start
+
+    def statistics(self) -> dict[str, Any]:
+        """A snapshot: positions, retained size and per-consumer commits."""
+        with self._lock:
+            return {
+                "stream": self.name,
+                "earliest": self._base,
+                "next": self._tail_start + len(self._tail),
+                "captured": self.captured,
+                "retained_bytes": self.retained_bytes,
+                "dropped": self.dropped,
+                "unacknowledged": len(self._handles),
+                "consumers": dict(self.consumers),
+            }

@@ -1,0 +1,240 @@
+"""Options of ``format("meshbus")``, checked whole before any work starts.
+
+Spark hands a Python data source its options as a case-insensitive map of strings,
+so names are compared in lower case and every value is parsed here, once, into
+:class:`ReadOptions` or :class:`WriteOptions`. Each failure names the option.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from meshbus import parse_subscription, validate_topic
+from meshbus.errors import InvalidTopicError
+
+from ._errors import SparkOptionError
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "ADDRESS_ENV",
+    "ReadOptions",
+    "WriteOptions",
+    "check_known",
+    "parse_address",
+    "sink_id_for",
+    "read_options",
+    "write_options",
+]
+
+#: Where a bridge listens unless told otherwise, and where the data source looks.
+DEFAULT_ADDRESS = "127.0.0.1:55700"
+#: An environment variable that overrides :data:`DEFAULT_ADDRESS` for the data source.
+ADDRESS_ENV = "MESHBUS_SPARK_ADDRESS"
+
+STARTING_OFFSETS = ("earliest", "latest", "committed")
+DELIVERY_MODES = ("direct", "persistent", "non-persistent")
+
+# Documented spelling by lower-case name.
+_READ = (
+    "subscribe",
+    "queue",
+    "startingOffsets",
+    "maxOffsetsPerTrigger",
+    "includeHeaders",
+    "consumer",
+)
+_WRITE = ("topic", "deliveryMode", "sinkId")
+_COMMON = ("address",)
+# Set by Spark itself for some sinks and sources; accepted and ignored.
+_SPARK_OWN = ("checkpointLocation", "path")
+_SPELLING = {name.lower(): name for name in (*_READ, *_WRITE, *_COMMON, *_SPARK_OWN)}
+
+
+def _fail(name: str, why: str) -> SparkOptionError:
+    return SparkOptionError(_SPELLING.get(name, name), why)
+
+
+def check_known(options: Mapping[str, str]) -> None:
+    """Refuse an option no read or write of the data source knows."""
+    for key in options:
+        if key.lower() not in _SPELLING:
+            known = ", ".join(sorted(_SPELLING.values(), key=str.lower))
+            raise SparkOptionError(key, f"not an option of format('meshbus') (known: {known})")
+    given = {k.lower() for k in options}
+    if "subscribe" in given and "queue" in given:
+        raise SparkOptionError("queue", "give either 'subscribe' or 'queue', not both")
+
+
+def parse_address(text: str, option: str = "address") -> tuple[str, int]:
+    """``host:port`` as a pair; IPv6 hosts go in brackets (``[::1]:55700``)."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SparkOptionError(option, f"expected host:port, got {text!r}")
+    return host, int(port)
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in options.items()}
+
+
+def _text(name: str, value: str) -> str:
+    if not value.strip():
+        raise _fail(name, "must not be empty")
+    return value.strip()
+
+
+def _positive_int(name: str, value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise _fail(name, f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise _fail(name, f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _boolean(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise _fail(name, f"expected true or false, got {value!r}")
+    return lowered == "true"
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, value: str) -> str:
+        lowered = value.strip().lower()
+        if lowered not in choices:
+            raise _fail(name, f"expected one of {', '.join(choices)}, got {value!r}")
+        return lowered
+
+    return parse
+
+
+def _filters(name: str, value: str) -> tuple[str, ...]:
+    filters = tuple(dict.fromkeys(f.strip() for f in value.split(",") if f.strip()))
+    if not filters:
+        raise _fail(name, "expected one or more topic filters separated by commas")
+    for topic_filter in filters:
+        try:
+            parse_subscription(topic_filter)
+        except InvalidTopicError as exc:
+            raise _fail(name, f"{topic_filter!r} is not a valid topic filter: {exc}") from None
+    return filters
+
+
+def _topic(name: str, value: str) -> str:
+    try:
+        validate_topic(value)
+    except InvalidTopicError as exc:
+        raise _fail(name, f"{value!r} is not a valid topic: {exc}") from None
+    return value
+
+
+def _address(name: str, value: str) -> str:
+    parse_address(value, "address")
+    return value.strip()
+
+
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "address": _address,
+    "subscribe": _filters,
+    "queue": _text,
+    "startingoffsets": _choice(STARTING_OFFSETS),
+    "maxoffsetspertrigger": _positive_int,
+    "includeheaders": _boolean,
+    "consumer": _text,
+    "topic": _topic,
+    "deliverymode": _choice(DELIVERY_MODES),
+    "sinkid": _text,
+}
+
+
+def _parsed(options: Mapping[str, str], allowed: tuple[str, ...], mode: str) -> dict[str, Any]:
+    check_known(options)
+    lowered = _lower(options)
+    allowed_lower = {a.lower() for a in (*allowed, *_COMMON, *_SPARK_OWN)}
+    values: dict[str, Any] = {}
+    for key, value in lowered.items():
+        if key not in allowed_lower:
+            raise _fail(key, f"applies to {'writes' if mode == 'read' else 'reads'} only")
+        parser = _PARSERS.get(key)
+        if parser is not None:
+            values[key] = parser(key, value)
+    return values
+
+
+def default_address() -> str:
+    """The address a data source without an ``address`` option connects to."""
+    return os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+
+
+@attrs.frozen
+class ReadOptions:
+    """What ``read``/``readStream`` were asked for."""
+
+    address: str
+    subscribe: tuple[str, ...] | None
+    queue: str | None
+    starting_offsets: str
+    max_offsets_per_trigger: int | None
+    include_headers: bool
+    consumer: str
+
+    @property
+    def stream(self) -> dict[str, Any]:
+        """The stream spec sent to the bridge."""
+        if self.queue is not None:
+            return {"queue": self.queue}
+        return {"subscribe": list(self.subscribe or ())}
+
+
+@attrs.frozen
+class WriteOptions:
+    """What ``write``/``writeStream`` were asked for."""
+
+    address: str
+    topic: str | None
+    delivery_mode: str
+    sink_id: str | None
+    checkpoint_location: str | None
+
+
+def read_options(options: Mapping[str, str]) -> ReadOptions:
+    """Parse the options of a read; exactly one of ``subscribe`` and ``queue`` is needed."""
+    values = _parsed(options, _READ, "read")
+    if "subscribe" not in values and "queue" not in values:
+        raise SparkOptionError("subscribe", "a read needs 'subscribe' (topic filters) or 'queue'")
+    return ReadOptions(
+        address=values.get("address") or default_address(),
+        subscribe=values.get("subscribe"),
+        queue=values.get("queue"),
+        starting_offsets=values.get("startingoffsets", "earliest"),
+        max_offsets_per_trigger=values.get("maxoffsetspertrigger"),
+        include_headers=values.get("includeheaders", False),
+        consumer=values.get("consumer", "default"),
+    )
+
+
+def write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Parse the options of a write."""
+    values = _parsed(options, _WRITE, "write")
+    lowered = _lower(options)
+    return WriteOptions(
+        address=values.get("address") or default_address(),
+        topic=values.get("topic"),
+        delivery_mode=values.get("deliverymode", "direct"),
+        sink_id=values.get("sinkid"),
+        checkpoint_location=lowered.get("checkpointlocation"),
+    )
+
+
+def sink_id_for(checkpoint_location: str) -> str:
+    """A sink id that stays the same for one checkpoint directory."""
+    digest = hashlib.sha256(os.path.abspath(checkpoint_location).encode()).hexdigest()
+    return "checkpoint-" + digest[:16]
