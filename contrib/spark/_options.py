@@ -7,6 +7,7 @@ so names are compared in lower case and every value is parsed here, once, into
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 from collections.abc import Callable, Mapping
@@ -63,8 +64,10 @@ def check_known(options: Mapping[str, str]) -> None:
     """Refuse an option no read or write of the data source knows."""
     for key in options:
         if key.lower() not in _SPELLING:
+            close = difflib.get_close_matches(key.lower(), list(_SPELLING), n=1)
+            hint = f"did you mean {_SPELLING[close[0]]!r}? " if close else ""
             known = ", ".join(sorted(_SPELLING.values(), key=str.lower))
-            raise SparkOptionError(key, f"not an option of format('meshbus') (known: {known})")
+            raise SparkOptionError(key, f"not an option of format('meshbus'); {hint}known: {known}")
     given = {k.lower() for k in options}
     if "subscribe" in given and "queue" in given:
         raise SparkOptionError("queue", "give either 'subscribe' or 'queue', not both")

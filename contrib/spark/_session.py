@@ -7,6 +7,7 @@ small micro-batches a message pipeline runs, and keep the console quiet.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import tempfile
@@ -70,6 +71,9 @@ def local_spark_session(
             f"-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile=file:{log4j}"
         ),
     }
+    if importlib.util.find_spec("pandas") is None:
+        # Arrow-optimised Python UDFs need pandas, which the spark extra does not pull in.
+        settings["spark.sql.execution.pythonUDF.arrow.enabled"] = "false"
     settings.update(conf or {})
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     for key, value in settings.items():

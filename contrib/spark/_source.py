@@ -162,10 +162,15 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
+        self._available_now = False
         self._target: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_target": self._target}
+        return {
+            "options": self.options,
+            "_available_now": self._available_now,
+            "_target": self._target,
+        }
 
     def _offset(self, stream: str, next_offset: int) -> dict[str, Any]:
         return {"meshbusStream": stream, "consumer": self.options.consumer, "next": next_offset}
@@ -184,8 +189,10 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        h, _ = self.client.request("latest", stream=self.options.stream)
-        self._target = h["next"]
+        # The target is taken at the first latestOffset(), which knows where the
+        # checkpoint resumes: a log renumbered after an app restart must first learn
+        # that position (see StreamLog.adopt), and asking for the end now would not.
+        self._available_now = True
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         position = int(start["next"])
@@ -193,7 +200,9 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
             "latest", stream=self.options.stream, position=position, consumer=self.options.consumer
         )
         end = h["next"]
-        if self._target is not None:
+        if self._available_now:
+            if self._target is None:
+                self._target = end
             end = min(end, max(self._target, position))
         if isinstance(limit, ReadMaxRows):
             end = min(end, position + limit.max_rows)
