@@ -67,6 +67,10 @@ class SparkBridge(Pipelines):
     :param queue_window: most queue messages held for Spark and not yet acknowledged.
     :param max_bytes: per topic-filter stream, the most Arrow bytes retained; the
         oldest are dropped (and counted) beyond it.
+    :param fetch_wait: seconds a read of a queue stream waits for offsets it was
+        promised but the log does not hold yet (redeliveries after a restart).
+    :param catch_up: seconds a query's question "how far does a queue stream go"
+        waits for the flow to take what the queue holds.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class SparkBridge(Pipelines):
         queue_window: int = 10_000,
         max_bytes: int = 256 << 20,
         fetch_wait: float = 10.0,
+        catch_up: float = 1.0,
     ) -> None:
         filters = tuple(subscribe) if not isinstance(subscribe, str) else (subscribe,)
         for topic_filter in filters:
@@ -98,6 +103,7 @@ class SparkBridge(Pipelines):
         self.queue_window = queue_window
         self.max_bytes = max_bytes
         self.fetch_wait = fetch_wait
+        self.catch_up = catch_up
         self._streams: dict[str, Stream] = {}
         self._lock = threading.Lock()
         self._staged: dict[str, tuple[float, pa.Table]] = {}
@@ -186,17 +192,21 @@ class SparkBridge(Pipelines):
         """Register the ``meshbus`` data source and the commit listener on ``spark``.
 
         The listener acknowledges what a query committed as soon as Spark's commit
-        log has it (without it, acknowledgements lag one micro-batch behind).
-        Calling it again for the same session does nothing.
+        log has it (without it, acknowledgements lag one micro-batch behind). Each
+        call also makes ``spark`` the calling thread's active session: Spark looks up
+        a Python data source for ``df.write`` in the active session of the thread
+        that writes, so call it in a thread before writing from there (the bridge's
+        shortcuts do). Registering happens once per session.
         """
         from ._listener import CommitListener
         from ._source import MeshbusDataSource
 
-        if id(spark) in self._attached:
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+        if id(spark._jsparkSession) in self._attached:
             return
         spark.dataSource.register(MeshbusDataSource)
         spark.streams.addListener(CommitListener(self))
-        self._attached.add(id(spark))
+        self._attached.add(id(spark._jsparkSession))
 
     def statistics(self) -> dict[str, Any]:
         """Per stream: positions, retained bytes, drops, consumers; and the sinks."""
@@ -296,11 +306,35 @@ class SparkBridge(Pipelines):
 
     def _op_open(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
         stream = self._ensure(h.get("stream"))
+        self._catch_up(stream)
         start = stream.log.register(str(h["consumer"]), str(h.get("starting", "earliest")))
         return {"stream": stream.spec.id, "start": start}, b""
 
+    def _catch_up(self, stream: Stream) -> None:
+        """Give a queue stream's flow a moment to take what the queue holds.
+
+        A query asking how far a queue stream goes means what the queue holds now,
+        not only what its flow happened to deliver so far (an ``availableNow`` run
+        fixes its end at this answer). Waits at most ``catch_up`` seconds.
+        """
+        if stream.spec.queue is None:
+            return
+        deadline = time.monotonic() + self.catch_up
+        while time.monotonic() < deadline:
+            held = anyio.from_thread.run_sync(self._queue_depth, stream, token=self._token)
+            if stream.log.unacknowledged >= min(held, self.queue_window):
+                return
+            time.sleep(0.005)
+
+    def _queue_depth(self, stream: Stream) -> int:
+        assert self._node is not None
+        assert stream.spec.queue is not None
+        queue = self._node.guaranteed.find_queue(self.vpn, stream.spec.queue)
+        return 0 if queue is None else int(queue.usage()[0])
+
     def _op_latest(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
         stream = self._ensure(h.get("stream"))
+        self._catch_up(stream)
         position = h.get("position")
         if isinstance(position, int):
             stream.log.adopt(position)
@@ -313,6 +347,7 @@ class SparkBridge(Pipelines):
 
     def _op_bounds(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
         stream = self._ensure(h.get("stream"))
+        self._catch_up(stream)
         end = stream.log.seal()
         starting = h.get("starting", "earliest")
         committed = stream.log.consumers.get(str(h.get("consumer", "default")))

@@ -83,6 +83,12 @@ class StreamLog:
             return self._tail_start + len(self._tail)
 
     @property
+    def unacknowledged(self) -> int:
+        """Kept messages not yet released for acknowledgement."""
+        with self._lock:
+            return len(self._handles)
+
+    @property
     def earliest(self) -> int:
         """The first offset still retained."""
         with self._lock:
