@@ -114,6 +114,8 @@ class SparkBridge(Pipelines):
         self._server: ControlServer | None = None
         self._scopes: list[anyio.CancelScope] = []
         self._attached: set[int] = set()
+        self._listeners: list[tuple[Any, Any]] = []
+        self._open_lock: anyio.Lock | None = None
         self._published = 0
 
     def __repr__(self) -> str:
@@ -129,6 +131,12 @@ class SparkBridge(Pipelines):
     async def _running(self, node: Node) -> AsyncIterator[None]:
         self._node = node
         self._token = anyio.lowlevel.current_token()
+        self._open_lock = anyio.Lock()
+        # A bridge can serve a node again after it stopped: nothing carries over.
+        self._streams.clear()
+        self._scopes.clear()
+        self._staged.clear()
+        self._in_flight: set[tuple[str, int]] = set()
         self._session = node.connect(
             self.vpn,
             username=self._username,
@@ -151,6 +159,7 @@ class SparkBridge(Pipelines):
             yield
         finally:
             self._server.close()
+            self._server = None
             for scope in self._scopes:
                 scope.cancel()
             self._release_acks()
@@ -159,6 +168,16 @@ class SparkBridge(Pipelines):
                     stream.session.close()
             self._session.close()
             self._node = None
+            self._forget_listeners()
+
+    def _forget_listeners(self) -> None:
+        for spark, listener in self._listeners:
+            try:
+                spark.streams.removeListener(listener)
+            except Exception:  # the SparkSession may have stopped first; nothing to undo
+                log.debug("spark bridge: listener already gone", exc_info=True)
+        self._listeners.clear()
+        self._attached.clear()
 
     def _task_scope(self) -> anyio.CancelScope:
         """A scope for one background task, cancelled when the bridge stops."""
@@ -205,7 +224,9 @@ class SparkBridge(Pipelines):
         if id(spark._jsparkSession) in self._attached:
             return
         spark.dataSource.register(MeshbusDataSource)
-        spark.streams.addListener(CommitListener(self))
+        listener = CommitListener(self)
+        spark.streams.addListener(listener)
+        self._listeners.append((spark, listener))
         self._attached.add(id(spark._jsparkSession))
 
     def statistics(self) -> dict[str, Any]:
@@ -235,9 +256,11 @@ class SparkBridge(Pipelines):
     # --- streams -------------------------------------------------------------------
 
     async def _open(self, spec: StreamSpec) -> Stream:
-        existing = self._streams.get(spec.id)
-        if existing is not None:
-            return existing
+        assert self._open_lock is not None
+        async with self._open_lock:  # two workers asking at once open one stream
+            return self._streams.get(spec.id) or await self._open_new(spec)
+
+    async def _open_new(self, spec: StreamSpec) -> Stream:
         node = self._node
         if node is None:
             raise StateError("the Spark bridge's node is not running")
@@ -400,8 +423,11 @@ class SparkBridge(Pipelines):
     def _op_publish(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
         sink, batch = h.get("sink"), h.get("batch")
         tokens = list(h.get("tokens", []))
+        key = (sink, batch) if sink is not None and batch is not None else None
         with self._lock:
-            if sink is not None and batch is not None and batch <= self._sinks.get(sink, -1):
+            if key is not None and (
+                key[1] <= self._sinks.get(key[0], -1) or key in self._in_flight
+            ):
                 for token in tokens:
                     self._staged.pop(token, None)
                 return {"status": "duplicate", "rows": 0}, b""
@@ -412,13 +438,22 @@ class SparkBridge(Pipelines):
                     "or they expired); Spark will retry the batch"
                 )
             tables = [self._staged.pop(t)[1] for t in tokens]
-        rows = publishable_rows(tables, h.get("topic"))
-        anyio.from_thread.run(self._publish, rows, str(h.get("mode", "direct")), token=self._token)
-        if sink is not None and batch is not None:
-            with self._lock:
-                self._sinks[sink] = max(batch, self._sinks.get(sink, -1))
-                if self._sinks_file is not None:
-                    _save_sinks(self._sinks_file, self._sinks)
+            if key is not None:
+                self._in_flight.add(key)
+        try:
+            rows = publishable_rows(tables, h.get("topic"))
+            anyio.from_thread.run(
+                self._publish, rows, str(h.get("mode", "direct")), token=self._token
+            )
+            if key is not None:
+                with self._lock:
+                    self._sinks[key[0]] = max(key[1], self._sinks.get(key[0], -1))
+                    if self._sinks_file is not None:
+                        _save_sinks(self._sinks_file, self._sinks)
+        finally:
+            if key is not None:
+                with self._lock:
+                    self._in_flight.discard(key)
         return {"status": "published", "rows": len(rows)}, b""
 
     def _op_stats(self, _: dict[str, Any], __: bytes) -> tuple[dict[str, Any], bytes]:

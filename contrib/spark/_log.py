@@ -45,7 +45,7 @@ class StreamLog:
         self.keep_handles = keep_handles
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._seal_lock = threading.Lock()
+        self._seal_lock = threading.RLock()  # read() holds it while it seals
         self._segments: deque[tuple[int, pa.RecordBatch]] = deque()
         self._tail: list[Message] = []
         self._base = 0  # first retained offset
@@ -207,8 +207,14 @@ class StreamLog:
 
         :raises OffsetsUnavailableError: ``start`` was released already.
         """
-        if end > self._sealed_end():
-            self.seal()
+        # Holding the seal lock: a seal under way elsewhere has moved the tail's start
+        # but not yet appended its segment, and rows in that gap must not go missing.
+        with self._seal_lock:
+            if end > self._sealed_end():
+                self.seal()
+            return self._slices(start, end)
+
+    def _slices(self, start: int, end: int) -> list[pa.RecordBatch]:
         with self._lock:
             self.served = True
             if start < self._base:

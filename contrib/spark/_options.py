@@ -75,9 +75,9 @@ def check_known(options: Mapping[str, str]) -> None:
 
 def parse_address(text: str, option: str = "address") -> tuple[str, int]:
     """``host:port`` as a pair; IPv6 hosts go in brackets (``[::1]:55700``)."""
-    host, sep, port = text.rpartition(":")
+    host, sep, port = text.strip().rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdecimal()) or int(port) > 65535:
         raise SparkOptionError(option, f"expected host:port, got {text!r}")
     return host, int(port)
 

@@ -70,7 +70,10 @@ def publishable_rows(tables: Sequence[pa.Table], topic_option: str | None) -> li
     rows: list[Row] = []
     valid: set[str] = set()
     if topic_option is not None:
-        validate_topic(topic_option)
+        try:
+            validate_topic(topic_option)
+        except InvalidTopicError as exc:
+            raise SparkOptionError("topic", str(exc)) from None
         valid.add(topic_option)
     for table in tables:
         check_write_schema(table.schema, topic_option)
@@ -101,7 +104,7 @@ def publishable_rows(tables: Sequence[pa.Table], topic_option: str | None) -> li
                     topic,
                     b"" if values[i] is None else _as_bytes(values[i]),
                     None if key is None else _as_bytes(key).decode("utf-8", "replace"),
-                    {h["key"]: _header_text(h["value"]) for h in row_headers}
+                    {h["key"]: _header_text(h["value"], len(rows)) for h in row_headers}
                     if row_headers
                     else None,
                 )
@@ -109,10 +112,10 @@ def publishable_rows(tables: Sequence[pa.Table], topic_option: str | None) -> li
     return rows
 
 
-def _header_text(value: Any) -> Any:
+def _header_text(value: Any, row: int) -> Any:
     if isinstance(value, bytes):
         try:
             return value.decode()
         except UnicodeDecodeError:
-            raise BridgeError(f"header value {value[:16]!r} is not UTF-8 text") from None
+            raise BridgeError(f"row {row}: header value {value[:16]!r} is not UTF-8 text") from None
     return value

@@ -78,7 +78,7 @@ class ControlServer:
         self._server = _Server((host, port), dispatch)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
+            kwargs={"poll_interval": 0.05},
             name="meshbus-spark-bridge",
             daemon=True,
         )
