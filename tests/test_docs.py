@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -67,3 +68,19 @@ def test_reference_shows_the_hookspec_docstrings(html: Path) -> None:
     # The docstring is the reference: a parameter's description must reach the page.
     assert "the collector; call" in page
     assert "Entered in registration order" in page
+
+
+def test_written_out_constant_values_match_the_code() -> None:
+    # `.. data::` entries carry their value by hand; a changed constant must change them.
+    from meshbus import transports
+    from meshbus.contrib import spark
+
+    pages = {"api": meshbus, "spark": spark, "transports": transports}
+    written = re.compile(r"^\.\. data:: (\w+)\n   :value: (.+)$", re.MULTILINE)
+    checked = 0
+    for page, module in pages.items():
+        for name, value in written.findall((DOCS / "reference" / f"{page}.rst").read_text()):
+            if hasattr(module, name):
+                assert ast.literal_eval(value) == getattr(module, name), f"{page}.rst: {name}"
+                checked += 1
+    assert checked >= 6
