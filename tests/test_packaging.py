@@ -28,6 +28,10 @@ def expected_modules() -> set[str]:
     return found
 
 
+# Packages that need a pip extra: a runtime install must refuse them with a hint.
+EXTRA_PACKAGES = ("meshbus/contrib/spark/",)
+
+
 @pytest.mark.slow
 def test_wheel_installs_into_fresh_venv_and_imports_every_module(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
@@ -49,13 +53,21 @@ def test_wheel_installs_into_fresh_venv_and_imports_every_module(tmp_path: Path)
         n[:-3].replace("/", ".").removesuffix(".__init__")
         for n in names
         # __main__ runs the CLI; testing is a pytest plugin and needs pytest, which
-        # the runtime install rightly does not pull in.
-        if n.endswith(".py") and n not in ("meshbus/__main__.py", "meshbus/testing.py")
+        # the runtime install rightly does not pull in; contrib needs its extras.
+        if n.endswith(".py")
+        and n not in ("meshbus/__main__.py", "meshbus/testing.py")
+        and not n.startswith(EXTRA_PACKAGES)
     )
     script = (
         "import importlib, sys\n"
         f"for m in {modules!r}:\n"
         "    importlib.import_module(m)\n"
+        "try:\n"
+        "    import meshbus.contrib.spark\n"
+        "except ImportError as exc:\n"
+        "    assert \"pip install 'meshbus[spark]'\" in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('meshbus.contrib.spark imported without its extra')\n"
         "import meshbus\n"
         "assert 'site-packages' in meshbus.__file__, meshbus.__file__\n"
         "print('imported', len(sys.modules))\n"

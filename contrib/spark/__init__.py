@@ -14,6 +14,13 @@ The data source classes import pyspark; the bridge needs only pyarrow.
 
 from __future__ import annotations
 
+try:
+    import pyarrow  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised by tests/test_packaging.py
+    raise ImportError(
+        "meshbus.contrib.spark needs the spark extra: pip install 'meshbus[spark]'"
+    ) from exc
+
 from ._bridge import SparkBridge
 from ._columns import arrow_schema, spark_schema
 from ._errors import BridgeError, BridgeUnavailableError, OffsetsUnavailableError, SparkOptionError

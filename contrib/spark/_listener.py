@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming import StreamingQueryListener
@@ -39,15 +40,20 @@ class CommitListener(StreamingQueryListener):
     """Passes each committed ``meshbus`` offset to the bridge."""
 
     def __init__(self, bridge: SparkBridge) -> None:
-        self._bridge = bridge
+        # Weak: py4j keeps listeners alive after removeListener, and a stopped bridge
+        # must not stay in memory with its retained batches.
+        self._bridge = weakref.ref(bridge)
 
     def onQueryStarted(self, event: Any) -> None:
         pass
 
     def onQueryProgress(self, event: Any) -> None:
+        bridge = self._bridge()
+        if bridge is None:
+            return
         try:
             for stream, consumer, next_offset in committed_offsets(event.progress):
-                self._bridge.commit(stream, consumer, next_offset)
+                bridge.commit(stream, consumer, next_offset)
         except Exception:  # a listener must never take Spark's listener bus down
             log.exception("spark bridge: could not record a committed batch")
 

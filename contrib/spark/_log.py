@@ -26,7 +26,7 @@ from ._errors import OffsetsUnavailableError
 if TYPE_CHECKING:
     from meshbus import Message
 
-__all__ = ["StreamLog"]
+__all__ = ["Sealer", "StreamLog"]
 
 #: A tail this long is sealed by the appender, bounding the Python objects it holds.
 SEAL_ROWS = 65_536
@@ -40,8 +40,16 @@ class StreamLog:
     :param max_bytes: for streams without handles, the most Arrow bytes retained.
     """
 
-    def __init__(self, name: str, *, keep_handles: bool = False, max_bytes: int = 256 << 20):
+    def __init__(
+        self,
+        name: str,
+        *,
+        keep_handles: bool = False,
+        max_bytes: int = 256 << 20,
+        sealer: Sealer | None = None,
+    ):
         self.name = name
+        self._sealer = sealer
         self.keep_handles = keep_handles
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
@@ -70,9 +78,12 @@ class StreamLog:
                 self._handles.append((self._tail_start + len(self._tail), message))
             self._tail.append(message)
             self.captured += 1
-            full = len(self._tail) >= SEAL_ROWS
+            full = len(self._tail) == SEAL_ROWS
         if full:
-            self.seal()
+            if self._sealer is not None:
+                self._sealer.request(self)  # off the publisher's path
+            else:
+                self.seal()
 
     # --- positions ----------------------------------------------------------------------
 
@@ -108,6 +119,23 @@ class StreamLog:
                     self.retained_bytes += batch.nbytes
                     self._enforce_size()
             return start + len(tail)
+
+    def advance_to(self, offset: int) -> None:
+        """Number the next message ``offset`` or later (a gap; nothing is renumbered).
+
+        A read promised rows ``[start, offset)`` that the log cannot hold any more
+        (after a restart: direct messages are gone, queue messages expired). Spark
+        commits the whole range anyway, so messages captured later must not take
+        offsets inside it, where no query would ever read them.
+        """
+        with self._seal_lock:
+            self.seal()
+            with self._lock:
+                if self._tail_start < offset:
+                    self._tail_start = offset
+                    if not self._segments:
+                        self._base = offset
+                    self.served = True
 
     def adopt(self, offset: int) -> None:
         """Renumber a log nothing was read from yet so that it starts at ``offset``.
@@ -252,3 +280,34 @@ class StreamLog:
                 "unacknowledged": len(self._handles),
                 "consumers": dict(self.consumers),
             }
+
+
+class Sealer:
+    """A thread that seals logs whose tail filled up, so publishers never wait for it."""
+
+    def __init__(self) -> None:
+        self._wanted: set[StreamLog] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="meshbus-spark-sealer", daemon=True)
+        self._thread.start()
+
+    def request(self, log: StreamLog) -> None:
+        with self._lock:
+            self._wanted.add(log)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                wanted, self._wanted = self._wanted, set()
+            for log in wanted:
+                log.seal()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=5)

@@ -303,3 +303,38 @@ def test_a_read_waits_for_a_seal_in_progress(monkeypatch: pytest.MonkeyPatch) ->
     reader.join(5)
     sealer.join(5)
     assert offsets(result[0]) == [0, 1, 2]
+
+
+def test_advance_to_leaves_a_gap_that_later_messages_skip() -> None:
+    log = StreamLog("s")
+    fill(log, 0, 3)
+    log.advance_to(10)  # a read promised [0, 10) but only 3 rows exist
+    fill(log, 3, 5)
+    assert log.next_offset == 12
+    assert offsets(log.read(10, 12)) == [10, 11]
+    assert payloads(log.read(0, 12)) == [b"0", b"1", b"2", b"3", b"4"]
+    log.advance_to(5)  # never moves backwards
+    assert log.next_offset == 12
+
+
+def test_a_full_tail_is_sealed_by_the_sealer_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(log_module, "SEAL_ROWS", 4)
+    sealer = log_module.Sealer()
+    sealed = threading.Event()
+    log = StreamLog("s", sealer=sealer)
+    original = log.seal
+
+    def seal_and_note() -> int:
+        result = original()
+        if threading.current_thread().name == "meshbus-spark-sealer":
+            sealed.set()
+        return result
+
+    monkeypatch.setattr(log, "seal", seal_and_note)
+    try:
+        fill(log, 0, 4)
+        assert sealed.wait(5), "the sealer thread never sealed the full tail"
+        assert log.statistics()["retained_bytes"] > 0
+        assert offsets(log.read(0, 4)) == [0, 1, 2, 3]
+    finally:
+        sealer.stop()
