@@ -4,7 +4,7 @@ the PySpark code an app would write without the connector.
 Run from the checkout with a virtualenv that has the spark extra (``pip install -e
 '.[dev,bench,spark]'``) and Java 17 on PATH::
 
-    .venv/bin/python bench/spark.py                  # N=200,000, best of 3: about 1.5 min
+    .venv/bin/python bench/spark.py                  # N=1,000,000/200,000, best of 3: ~4 min
     .venv/bin/python bench/spark.py --quick          # N=20,000, 15 latency samples, once: ~40 s
     .venv/bin/python bench/spark.py --only latency   # one phase (pipeline, throughput,
                                                      # latency, write)
@@ -25,7 +25,10 @@ figures (the output says how long that took).
 * ``pipeline`` (the target): a pipeline as it runs in production, already started and
   idle. The app publishes N messages of 100 bytes to ``events/<i%8>`` as fast as it
   can, and the figure is N over the time from the first publish to the moment the
-  last message is committed in Parquet:
+  last message is committed in Parquet. Twice: a sustained burst (N=1,000,000, about
+  five seconds of traffic: the per-message cost decides it, and the target is judged
+  on it) and a short one (N=200,000, context: the trigger's fixed latency, which the
+  latency figure measures on its own, weighs as much as the messages):
 
   - ``connector``: a running ``bridge.sink_to(..., trigger="500 milliseconds")``;
     "committed" is the query's progress event (a ``StreamingQueryListener`` in this
@@ -566,32 +569,39 @@ async def pipeline_baseline(spark: Any, data: list[bytes], work: Path, arrow: bo
     return Run(elapsed, columns, f"{result['batches']} batches")
 
 
-async def pipeline_phase(spark: Any, args: argparse.Namespace, work: Path, report: Report) -> None:
-    n = args.messages
-    data = payloads(n, PAYLOAD_SIZE)
-    names = ["connector", "plain micro-batcher", "arrow micro-batcher"]
-    impls: dict[str, Callable[[Path], Any]] = {
+def pipeline_impls(spark: Any, data: list[bytes]) -> dict[str, Callable[[Path], Any]]:
+    return {
         "connector": lambda w: pipeline_connector(spark, data, w),
         "plain micro-batcher": lambda w: pipeline_baseline(spark, data, w, arrow=False),
         "arrow micro-batcher": lambda w: pipeline_baseline(spark, data, w, arrow=True),
     }
+
+
+async def pipeline_phase(spark: Any, args: argparse.Namespace, work: Path, report: Report) -> None:
     t0 = time.perf_counter()
-    warm = payloads(min(WARM, n), PAYLOAD_SIZE)
-    for name in names:  # untimed: every path once at a small size
-        warm_impls = {
-            "connector": lambda w: pipeline_connector(spark, warm, w),
-            "plain micro-batcher": lambda w: pipeline_baseline(spark, warm, w, arrow=False),
-            "arrow micro-batcher": lambda w: pipeline_baseline(spark, warm, w, arrow=True),
-        }
+    warm = pipeline_impls(spark, payloads(min(WARM, args.messages), PAYLOAD_SIZE))
+    for name, run in warm.items():  # untimed: every path once at a small size
         try:
-            await warm_impls[name](work / f"warm-{name.split()[0]}")
+            await run(work / f"warm-{name.split()[0]}")
         except Exception as exc:
             report.failed(f"spark pipeline warm-up {name}", exc)
             return
     say(
-        f"# pipeline warm-up: every path once at N={len(warm):,}, untimed: "
+        f"# pipeline warm-up: every path once at N={min(WARM, args.messages):,}, untimed: "
         f"{time.perf_counter() - t0:.1f} s"
     )
+    # The sustained figure is the target: a burst long enough that the rate, not the
+    # trigger's fixed latency (which has its own figure), decides it. The short burst
+    # shows what the fixed costs do to a small one.
+    for n, kind in ((args.pipeline_messages, "sustained"), (args.messages, "short burst")):
+        await pipeline_size(spark, args, work / f"n{n}", report, n, kind)
+
+
+async def pipeline_size(
+    spark: Any, args: argparse.Namespace, work: Path, report: Report, n: int, kind: str
+) -> None:
+    impls = pipeline_impls(spark, payloads(n, PAYLOAD_SIZE))
+    names = list(impls)
     figures = {name: Figure() for name in names}
     for r in range(args.rounds):
         shift = r % len(names)
@@ -605,28 +615,30 @@ async def pipeline_phase(spark: Any, args: argparse.Namespace, work: Path, repor
             figures[name].notes = run.notes
     connector, plain = figures["connector"].best, figures["plain micro-batcher"].best
     common = f"N={n:,} x {PAYLOAD_SIZE} B published as fast as the app can, best of {args.rounds}"
+    target = kind == "sustained"
     for name, fig in figures.items():
-        label = f"spark pipeline {name}"
+        label = f"spark pipeline {kind} {name}"
         if fig.best is None:
             report.failed(label, fig.error or CheckFailed("no run"))
             continue
         if name == "connector":
-            verdict = ""
-            if plain is not None:
-                verdict = " PASS" if fig.best >= THROUGHPUT_TARGET * plain else " MISS"
+            verdict = " (context)"
+            if target and plain is not None:
+                goal = f" (target >= {THROUGHPUT_TARGET:g}x)"
+                verdict = goal + (" PASS" if fig.best >= THROUGHPUT_TARGET * plain else " MISS")
             say(
                 f"{label}: {rate_text(fig.best)} msg/s = {ratio(fig.best, plain)} plain "
-                f"micro-batcher (target >= {THROUGHPUT_TARGET:g}x){verdict} (a running sink_to "
-                f"query, trigger {TRIGGER} -> Parquet; first publish -> Spark reported the last "
-                f"message committed; {fig.notes}; {common})"
+                f"micro-batcher{verdict} (a running sink_to query, trigger {TRIGGER} -> "
+                f"Parquet; first publish -> Spark reported the last message committed; "
+                f"{fig.notes}; {common})"
             )
         else:
-            kind = "createDataFrame(list of tuples, schema)"
+            what = "createDataFrame(list of tuples, schema)"
             if name.startswith("arrow"):
-                kind = "createDataFrame(pyarrow.Table)"
+                what = "createDataFrame(pyarrow.Table)"
             say(
                 f"{label}: {rate_text(fig.best)} msg/s; connector/this = "
-                f"{ratio(connector, fig.best)} (the app's own loop: every 500 ms, {kind}"
+                f"{ratio(connector, fig.best)} (the app's own loop: every 500 ms, {what}"
                 f".write.mode('append').parquet of what its subscription buffered; first "
                 f"publish -> last batch written; {fig.notes}; {common})"
             )
@@ -967,7 +979,8 @@ def header(args: argparse.Namespace) -> None:
     )
     say(
         f"# spark: one local_spark_session() (local[2]) for every phase; N={args.messages:,} "
-        f"x {PAYLOAD_SIZE} B, B={args.batch:,}, {args.samples} latency samples, "
+        f"(sustained pipeline {args.pipeline_messages:,}) x {PAYLOAD_SIZE} B, "
+        f"B={args.batch:,}, {args.samples} latency samples, "
         f"best of {args.rounds}; phases: {', '.join(args.only)}"
     )
 
@@ -978,6 +991,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick", action="store_true", help="N=20,000, 15 latency samples, once: a smoke run"
     )
     parser.add_argument("--messages", type=int, help="N, messages (rows) per run (200,000)")
+    parser.add_argument(
+        "--pipeline-messages",
+        type=int,
+        help="N of the sustained pipeline figure (1,000,000; quick 100,000)",
+    )
     parser.add_argument(
         "--batch", type=int, default=10_000, help="B of the second baseline batch size (10,000)"
     )
@@ -992,6 +1010,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.messages is None:
         args.messages = 20_000 if args.quick else 200_000
+    if args.pipeline_messages is None:
+        args.pipeline_messages = 100_000 if args.quick else 1_000_000
     if args.samples is None:
         args.samples = 15 if args.quick else 60
     if args.rounds is None:
