@@ -6,8 +6,11 @@ then read and write with ``format("meshbus")`` or the bridge's shortcuts::
 
     bridge = SparkBridge(subscribe=["events/>"])
     async with Node(plugins=[*DEFAULT_PLUGINS, bridge]) as node:
-        spark = local_spark_session()
-        query = bridge.sink_to(spark, subscribe="events/>", path="out", checkpoint="ck")
+        # Spark's calls block: run them off the node's event loop.
+        spark = await anyio.to_thread.run_sync(local_spark_session)
+        query = await anyio.to_thread.run_sync(
+            lambda: bridge.sink_to(spark, subscribe="events/>", path="out", checkpoint="ck")
+        )
 
 The data source classes import pyspark; the bridge needs only pyarrow.
 """
