@@ -37,6 +37,7 @@ from ._pipelines import Pipelines
 from ._rows import publishable_rows
 from ._server import ControlServer
 from ._streams import Stream, StreamSpec
+from ._wire import Body
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -327,7 +328,7 @@ class SparkBridge(Pipelines):
 
     # --- requests from Spark's workers (control-server threads) ----------------------
 
-    def _dispatch(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+    def _dispatch(self, header: dict[str, Any], body: Body) -> tuple[dict[str, Any], Body]:
         if self._node is None:
             raise BridgeError("the Spark bridge is stopping")
         op = header.get("op")
@@ -336,7 +337,7 @@ class SparkBridge(Pipelines):
             raise BridgeError(f"unknown request {op!r}")
         return handler(self, header, body)
 
-    def _op_open(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
+    def _op_open(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
         stream = self._ensure(h.get("stream"))
         self._catch_up(stream)
         start = stream.log.register(str(h["consumer"]), str(h.get("starting", "earliest")))
@@ -364,7 +365,7 @@ class SparkBridge(Pipelines):
         queue = self._node.guaranteed.find_queue(self.vpn, stream.spec.queue)
         return 0 if queue is None else int(queue.usage()[0])
 
-    def _op_latest(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
+    def _op_latest(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
         stream = self._ensure(h.get("stream"))
         self._catch_up(stream)
         position = h.get("position")
@@ -377,7 +378,7 @@ class SparkBridge(Pipelines):
             end = max(end, position)
         return {"stream": stream.spec.id, "next": end, "earliest": stream.log.earliest}, b""
 
-    def _op_bounds(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
+    def _op_bounds(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
         stream = self._ensure(h.get("stream"))
         self._catch_up(stream)
         end = stream.log.seal()
@@ -392,7 +393,7 @@ class SparkBridge(Pipelines):
         stream.log.mark_served()
         return {"stream": stream.spec.id, "start": start, "end": end}, b""
 
-    def _op_fetch(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
+    def _op_fetch(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
         stream = self._ensure(h.get("stream"))
         start, end = int(h["start"]), int(h["end"])
         stream.log.adopt(start)
@@ -417,13 +418,13 @@ class SparkBridge(Pipelines):
         with pa.ipc.new_stream(sink, schema) as writer:
             for piece in pieces:
                 writer.write_batch(piece if include else piece.drop_columns(["headers"]))
-        return {"rows": sum(p.num_rows for p in pieces)}, sink.getvalue().to_pybytes()
+        return {"rows": sum(p.num_rows for p in pieces)}, sink.getvalue()
 
-    def _op_commit(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
+    def _op_commit(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
         self.commit(str(h["stream"]), str(h["consumer"]), int(h["next"]))
         return {}, b""
 
-    def _op_stage(self, _: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+    def _op_stage(self, _: dict[str, Any], body: Body) -> tuple[dict[str, Any], Body]:
         table = pa.ipc.open_stream(body).read_all()
         token = uuid.uuid4().hex
         now = time.monotonic()
@@ -433,13 +434,13 @@ class SparkBridge(Pipelines):
             self._staged[token] = (now, table)
         return {"token": token, "rows": table.num_rows}, b""
 
-    def _op_discard(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
+    def _op_discard(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
         with self._lock:
             for token in h.get("tokens", []):
                 self._staged.pop(token, None)
         return {}, b""
 
-    def _op_publish(self, h: dict[str, Any], _: bytes) -> tuple[dict[str, Any], bytes]:
+    def _op_publish(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
         sink, batch = h.get("sink"), h.get("batch")
         tokens = list(h.get("tokens", []))
         key = (sink, batch) if sink is not None and batch is not None else None
@@ -475,7 +476,7 @@ class SparkBridge(Pipelines):
                     self._in_flight.discard(key)
         return {"status": "published", "rows": len(rows)}, b""
 
-    def _op_stats(self, _: dict[str, Any], __: bytes) -> tuple[dict[str, Any], bytes]:
+    def _op_stats(self, _: dict[str, Any], __: Body) -> tuple[dict[str, Any], Body]:
         return self.statistics(), b""
 
     async def _publish(

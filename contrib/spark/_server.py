@@ -16,14 +16,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._wire import error_header, read_message, write_message
+from ._wire import Body, error_header, read_message, write_message
 
 __all__ = ["ControlServer", "Handler"]
 
 log = logging.getLogger("meshbus.contrib.spark")
 
 #: ``handler(header, body) -> (header, body)``; raising answers with the error.
-Handler = Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]
+Handler = Callable[[dict[str, Any], Body], tuple[dict[str, Any], Body]]
 
 
 class _Connection(socketserver.BaseRequestHandler):

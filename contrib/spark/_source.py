@@ -253,7 +253,7 @@ class _Writing:
                 writer.write_batch(batch)
         client = BridgeClient(self.options.address)
         try:
-            h, _ = client.request("stage", sink.getvalue().to_pybytes())
+            h, _ = client.request("stage", sink.getvalue())
         finally:
             client.close()
         return Staged(h["token"], rows)

@@ -18,7 +18,11 @@ import orjson
 from ._errors import BridgeError, BridgeUnavailableError, OffsetsUnavailableError, SparkOptionError
 from ._options import parse_address
 
-__all__ = ["BridgeClient", "read_message", "write_message", "error_header"]
+__all__ = ["Body", "BridgeClient", "error_header", "read_message", "write_message"]
+
+#: A message body: bytes, a bytearray as received, or a ``pyarrow.Buffer`` to send
+#: (anything with the buffer protocol; bodies are passed on without copies).
+Body = Any
 
 _PREFIX = struct.Struct("!II")
 #: Upper bound of one header; bodies are bounded by the bridge's stage limit.
@@ -42,7 +46,7 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return view.obj  # type: ignore[return-value]
 
 
-def read_message(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+def read_message(sock: socket.socket) -> tuple[dict[str, Any], Body]:
     """One message from ``sock``; raises ``ConnectionError`` at a clean end."""
     header_len, body_len = _PREFIX.unpack(_recv_exactly(sock, _PREFIX.size))
     if header_len > MAX_HEADER or body_len > MAX_BODY:
@@ -50,11 +54,13 @@ def read_message(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
     header = orjson.loads(_recv_exactly(sock, header_len))
     if not isinstance(header, dict):
         raise ConnectionError("message header is not a JSON object")
-    body = bytes(_recv_exactly(sock, body_len)) if body_len else b""
+    # Bodies are Arrow IPC streams of up to tens of megabytes: handed on without a copy.
+    body = _recv_exactly(sock, body_len) if body_len else b""
     return header, body
 
 
-def write_message(sock: socket.socket, header: dict[str, Any], body: bytes = b"") -> None:
+def write_message(sock: socket.socket, header: dict[str, Any], body: Body = b"") -> None:
+    """Send one message; ``body`` is anything with the buffer protocol (a ``pa.Buffer``)."""
     encoded = orjson.dumps(header)
     sock.sendall(_PREFIX.pack(len(encoded), len(body)) + encoded)
     if body:
@@ -97,7 +103,7 @@ class BridgeClient:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    def request(self, op: str, body: bytes = b"", **fields: Any) -> tuple[dict[str, Any], bytes]:
+    def request(self, op: str, body: Body = b"", **fields: Any) -> tuple[dict[str, Any], Body]:
         """Send one request and wait for its answer; raise the bridge's error."""
         if self._sock is None:
             self._sock = self._connect()
