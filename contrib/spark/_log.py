@@ -55,7 +55,9 @@ class StreamLog:
         self._lock = threading.Lock()
         self._seal_lock = threading.RLock()  # read() holds it while it seals
         self._segments: deque[tuple[int, pa.RecordBatch]] = deque()
-        self._tail: list[Message] = []
+        # A deque: appends and the sealer's poplefts are atomic, so a stream without
+        # handles appends without taking the lock.
+        self._tail: deque[Message] = deque()
         self._base = 0  # first retained offset
         self._tail_start = 0  # offset of _tail[0] (= next offset when the tail is empty)
         self._handles: deque[tuple[int, Message]] = deque()
@@ -72,14 +74,16 @@ class StreamLog:
     # --- writing (the node's event loop) ---------------------------------------------
 
     def append(self, message: Message) -> None:
-        """Add one message at the next offset."""
-        with self._lock:
-            if self.keep_handles:
-                self._handles.append((self._tail_start + len(self._tail), message))
-            self._tail.append(message)
-            self.captured += 1
-            full = len(self._tail) == SEAL_ROWS
-        if full:
+        """Add one message at the next offset (called from one thread: the node's loop)."""
+        tail = self._tail
+        if self.keep_handles:
+            with self._lock:  # the handle's offset must agree with the tail's numbering
+                self._handles.append((self._tail_start + len(tail), message))
+                tail.append(message)
+        else:
+            tail.append(message)
+        self.captured += 1
+        if len(tail) == SEAL_ROWS:
             if self._sealer is not None:
                 self._sealer.request(self)  # off the publisher's path
             else:
@@ -109,7 +113,9 @@ class StreamLog:
         """Turn the tail into a segment; return the next offset (all below it readable)."""
         with self._seal_lock:
             with self._lock:
-                tail, self._tail = self._tail, []
+                # Exactly the messages there now; later appends stay for the next seal.
+                popleft = self._tail.popleft
+                tail = [popleft() for _ in range(len(self._tail))]
                 start = self._tail_start
                 self._tail_start += len(tail)
             if tail:
