@@ -51,6 +51,7 @@ async def _running(node: Node) -> AsyncIterator[None]:
     async with store:
         service._store = store
         await node.task_group.start(service.run, name="meshbus guaranteed spooler")
+        await node.task_group.start(service.sweep_ttl, name="meshbus guaranteed TTL sweep")
         try:
             yield
         finally:

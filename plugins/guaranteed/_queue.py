@@ -206,6 +206,41 @@ class Queue:
                         self._ready.extend(page)
         return out
 
+    async def sweep_expired(self, now: float) -> int:
+        """Dispose of messages past their TTL that no flow holds; return how many.
+
+        Flows check TTL when they hand a message out; this finds the ones nobody will
+        ask for (no consumer, or a slow one). What flows hold is left to them. An
+        entry is claimed (taken out of ``_ready``/``_returned``) before any await, and
+        the store beyond the read cursor is scanned under the refill lock, so a flow
+        can never be handed a message the sweep is disposing of.
+        """
+        if not self.settings.respect_ttl:
+            return 0
+
+        def due(entry: SpoolEntry) -> bool:
+            expires = entry.message.expires_at
+            return expires is not None and expires <= now
+
+        expired = [e for e in self._returned if due(e)] + [e for e in self._ready if due(e)]
+        if expired:
+            kept = [e for e in self._returned if not due(e)]
+            self._returned[:] = kept
+            self._returned_ids[:] = [e.message.id for e in kept]
+            self._ready = deque(e for e in self._ready if not due(e))
+        async with self._refill_lock:
+            after = self._cursor
+            while True:
+                page = await self.store.read(self.endpoint, after, _PAGE)
+                if not page:
+                    break
+                after = page[-1].message.id
+                expired += [e for e in page if due(e)]
+            for entry in expired:
+                with anyio.CancelScope(shield=True):  # claimed: finish it, then stop
+                    await self.dispose(entry, "ttl")
+        return len(expired)
+
     def give_back(self, entries: list[SpoolEntry]) -> None:
         """Entries a flow held are available again, in id order, before new ones."""
         for entry in entries:

@@ -39,6 +39,8 @@ __all__ = ["GuaranteedService"]
 log = logging.getLogger("meshbus.guaranteed")
 
 QUEUE_TOPIC_PREFIX = "#P2P/QUE/"
+#: Seconds between sweeps for messages past their TTL that no flow will hand out.
+TTL_SWEEP_INTERVAL = 1.0
 """Topic given to messages published to a queue by name (as brokers name it)."""
 
 
@@ -48,6 +50,7 @@ class GuaranteedService(GuaranteedMessaging):
     def __init__(self, node: Node) -> None:
         self.node = node
         self._store: SpoolStore | None = None
+        self._sweep_scope: anyio.CancelScope | None = None
         self._queues: dict[tuple[str, str], Queue] = {}
         self._indexes: dict[str, SubscriptionIndex[Queue]] = {}
         self._flows: dict[Session, list[QueueFlow]] = {}
@@ -409,6 +412,23 @@ class GuaranteedService(GuaranteedMessaging):
             self._work = anyio.Event()
             await self._drain()
 
+    async def sweep_ttl(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Every ``TTL_SWEEP_INTERVAL`` seconds, expire what no flow will hand out."""
+        clock = self.node.clock
+        with anyio.CancelScope() as scope:
+            self._sweep_scope = scope  # stop() ends it before the store closes
+            task_status.started()
+            while True:
+                await clock.sleep_until(clock.monotonic() + TTL_SWEEP_INTERVAL)
+                now = clock.time()
+                for queue in list(self._queues.values()):
+                    if queue.deleted or not queue.settings.respect_ttl:
+                        continue
+                    try:
+                        await queue.sweep_expired(now)
+                    except Exception:  # a store failure: the next sweep tries again
+                        log.exception("expiring messages of queue %r failed", queue.endpoint)
+
     async def _drain(self) -> None:
         while self._outbox:
             # Copy and clear, never rebind: the routers hold this list object.
@@ -494,6 +514,8 @@ class GuaranteedService(GuaranteedMessaging):
 
     async def stop(self) -> None:
         """Commit what is pending; called before the store closes."""
+        if self._sweep_scope is not None:
+            self._sweep_scope.cancel()
         for queue in list(self._queues.values()):
             for flow in list(queue.flows):
                 flow.detach()

@@ -633,11 +633,6 @@ async def test_restart_keeps_counting_against_the_quota(tmp_path: Path) -> None:
         assert (info.value.reason, info.value.limit, info.value.size) == ("over-quota", 2, 3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TTL is only checked when a flow is about to hand a message out: with no "
-    "consumer, an expired message stays in the queue (and in its quota) forever",
-)
 async def test_expired_messages_leave_the_queue_without_a_consumer() -> None:
     clock = ManualClock()
     async with Node(plugins=PLUGINS, clock=clock) as node:
@@ -650,3 +645,67 @@ async def test_expired_messages_leave_the_queue_without_a_consumer() -> None:
             while held(node, "dmq") == 0:
                 await anyio.sleep(0.005)
         assert (held(node, "q"), held(node, "dmq")) == (0, 1)
+
+
+async def wait_held(node: Node, queue: str, count: int) -> None:
+    with anyio.fail_after(2):
+        while held(node, queue) != count:
+            await anyio.sleep(0.005)
+
+
+async def test_the_ttl_sweep_takes_only_expired_messages_and_keeps_the_order() -> None:
+    clock = ManualClock()
+    async with Node(plugins=PLUGINS, clock=clock) as node:
+        svc = service(node)
+        queue = svc.create_queue("q", respect_ttl=True, dead_message_queue="dmq")
+        svc.create_queue("dmq")
+        s = node.connect()
+        for i, ttl in enumerate([1, None, 1, 50, 1]):
+            await s.send_to_queue("q", f"m{i}", ttl=ttl)
+        clock.advance(2)
+        await wait_held(node, "dmq", 3)
+        assert held(node, "q") == 2
+        assert queue.expired == 3
+        async with await s.bind("q") as flow:
+            got = [await flow.receive() for _ in range(2)]
+            for message in got:
+                flow.ack(message)
+        assert [m.payload for m in got] == [b"m1", b"m3"]
+        async with await s.bind("dmq") as dead:
+            assert sorted([(await dead.receive()).payload for _ in range(3)]) == [
+                b"m0",
+                b"m2",
+                b"m4",
+            ]
+
+
+async def test_the_ttl_sweep_leaves_what_a_flow_holds_to_the_flow() -> None:
+    clock = ManualClock()
+    async with Node(plugins=PLUGINS, clock=clock) as node:
+        svc = service(node)
+        svc.create_queue("q", respect_ttl=True, dead_message_queue="dmq")
+        svc.create_queue("dmq")
+        s = node.connect()
+        await s.send_to_queue("q", b"held", ttl=1)
+        await s.send_to_queue("q", b"waiting", ttl=1)
+        async with await s.bind("q", window=1) as flow:
+            message = await flow.receive()  # handed out before it expired
+            clock.advance(2)
+            await wait_held(node, "dmq", 1)  # the one still in the queue
+            flow.ack(message)  # the held one is the application's: acked, not expired
+        assert message.payload == b"held"
+        await wait_held(node, "q", 0)
+        assert held(node, "dmq") == 1
+
+
+async def test_a_queue_that_ignores_ttl_keeps_expired_messages() -> None:
+    clock = ManualClock()
+    async with Node(plugins=PLUGINS, clock=clock) as node:
+        svc = service(node)
+        svc.create_queue("q", dead_message_queue="dmq")  # respect_ttl is off by default
+        svc.create_queue("dmq")
+        await node.connect().send_to_queue("q", b"x", ttl=1)
+        clock.advance(5)
+        for _ in range(20):
+            await anyio.sleep(0.005)
+        assert (held(node, "q"), held(node, "dmq")) == (1, 0)
