@@ -32,10 +32,9 @@ def _source_options(
 class Pipelines:
     """Mixed into :class:`SparkBridge`; every method needs the node running."""
 
+    # Provided by SparkBridge, the only class this is mixed into.
     address: str
-
-    def attach(self, spark: SparkSession) -> None:  # pragma: no cover - defined by the bridge
-        raise NotImplementedError
+    attach: Callable[[SparkSession], None]
 
     def read_stream(
         self,

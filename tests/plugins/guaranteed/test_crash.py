@@ -37,7 +37,7 @@ STORE_CHILD = Path(__file__).with_name("_crash_child.py")
 STORE_TRIALS = 32
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL"),
+    pytest.mark.skipif(sys.platform == "win32", reason="no SIGKILL on Windows"),
 ]
 
 # --- node: publish, consume, ack, kill -9, restart ------------------------------------
