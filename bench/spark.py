@@ -231,27 +231,10 @@ def arrow_table(messages: list[Message], first: int) -> Any:
 
 
 def plain_schema() -> Any:
-    from pyspark.sql.types import (
-        BinaryType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
+    """The Spark schema the hand-written paths declare: the connector's own columns."""
+    from meshbus.contrib.spark import spark_schema
 
-    return StructType(
-        [
-            StructField("key", BinaryType()),
-            StructField("value", BinaryType()),
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField("offset", LongType()),
-            StructField("timestamp", TimestampType()),
-            StructField("timestampType", IntegerType()),
-        ]
-    )
+    return spark_schema(include_headers=False)
 
 
 def check_parquet(spark: Any, path: Path, expected: int) -> list[tuple[str, str]]:
