@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -27,6 +26,7 @@ import anyio.lowlevel
 import pyarrow as pa
 
 from meshbus import hookimpl, parse_subscription
+from meshbus._files import write_json_atomically
 from meshbus.errors import ConfigurationError, MeshbusError, StateError
 
 from ._columns import arrow_schema
@@ -114,7 +114,6 @@ class SparkBridge(Pipelines):
         self._token: Any = None
         self._server: ControlServer | None = None
         self._scopes: list[anyio.CancelScope] = []
-        self._attached: set[int] = set()
         self._listeners: list[tuple[Any, Any]] = []
         self._open_lock: anyio.Lock | None = None
         self._published = 0
@@ -181,7 +180,6 @@ class SparkBridge(Pipelines):
             except Exception:  # the SparkSession may have stopped first; nothing to undo
                 log.debug("spark bridge: listener already gone", exc_info=True)
         self._listeners.clear()
-        self._attached.clear()
 
     def _task_scope(self) -> anyio.CancelScope:
         """A scope for one background task, cancelled when the bridge stops."""
@@ -225,13 +223,12 @@ class SparkBridge(Pipelines):
         from ._source import MeshbusDataSource
 
         spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
-        if id(spark._jsparkSession) in self._attached:
+        if any(known._jsparkSession == spark._jsparkSession for known, _ in self._listeners):
             return
         spark.dataSource.register(MeshbusDataSource)
         listener = CommitListener(self)
         spark.streams.addListener(listener)
         self._listeners.append((spark, listener))
-        self._attached.add(id(spark._jsparkSession))
 
     def statistics(self) -> dict[str, Any]:
         """Per stream: positions, retained bytes, drops, consumers; and the sinks."""
@@ -381,16 +378,9 @@ class SparkBridge(Pipelines):
     def _op_bounds(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
         stream = self._ensure(h.get("stream"))
         self._catch_up(stream)
-        end = stream.log.seal()
-        starting = h.get("starting", "earliest")
-        committed = stream.log.consumers.get(str(h.get("consumer", "default")))
-        if starting == "latest":
-            start = end
-        elif starting == "committed" and committed is not None:
-            start = max(committed, stream.log.earliest)
-        else:
-            start = stream.log.earliest
-        stream.log.mark_served()
+        start, end = stream.log.bounds(
+            str(h.get("consumer", "default")), str(h.get("starting", "earliest"))
+        )
         return {"stream": stream.spec.id, "start": start, "end": end}, b""
 
     def _op_fetch(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
@@ -469,7 +459,7 @@ class SparkBridge(Pipelines):
                 with self._lock:
                     self._sinks[key[0]] = max(key[1], self._sinks.get(key[0], -1))
                     if self._sinks_file is not None:
-                        _save_sinks(self._sinks_file, self._sinks)
+                        write_json_atomically(self._sinks_file, self._sinks)
         finally:
             if key is not None:
                 with self._lock:
@@ -528,9 +518,3 @@ def _load_sinks(path: Path) -> dict[str, int]:
     except (OSError, ValueError) as exc:
         raise ConfigurationError(f"{path}: unreadable Spark sink state: {exc}") from None
     return {str(k): int(v) for k, v in data.items()}
-
-
-def _save_sinks(path: Path, sinks: dict[str, int]) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(sinks))
-    os.replace(temporary, path)

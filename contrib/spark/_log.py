@@ -168,17 +168,21 @@ class StreamLog:
 
     # --- consumers ----------------------------------------------------------------------
 
-    def register(self, consumer: str, starting: str) -> int:
-        """Register ``consumer`` (idempotent) and return where a new query of it starts."""
-        self.seal()
+    def bounds(self, consumer: str, starting: str) -> tuple[int, int]:
+        """Seal, and return ``(start, end)``: what a read of ``consumer`` starting at
+        ``starting`` (earliest, latest, committed) would cover now."""
+        end = self.seal()
         with self._lock:
             self.served = True
             if starting == "latest":
-                start = self._tail_start
-            elif starting == "committed" and consumer in self.consumers:
-                start = max(self.consumers[consumer], self._base)
-            else:
-                start = self._base
+                return end, end
+            committed = self.consumers.get(consumer) if starting == "committed" else None
+            return max(committed, self._base) if committed is not None else self._base, end
+
+    def register(self, consumer: str, starting: str) -> int:
+        """Register ``consumer`` (idempotent) and return where a new query of it starts."""
+        start, _ = self.bounds(consumer, starting)
+        with self._lock:
             known = self.consumers.get(consumer)
             self.consumers[consumer] = start if known is None else min(known, start)
             return start

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from meshbus import (
     Vpn,
     parse_endpoint_subscription,
 )
+from meshbus._files import write_json_atomically
 from meshbus.abc import Flow, GuaranteedMessaging
 
 from ._queue import Queue, QueueFlow
@@ -191,9 +191,7 @@ class GuaranteedService(GuaranteedMessaging):
         if path is None:
             self._memory_subscriptions = saved
             return
-        partial = path.with_suffix(".tmp")
-        partial.write_bytes(orjson.dumps(saved))
-        os.replace(partial, path)  # atomic: a crash leaves the old or the new file
+        write_json_atomically(path, saved)
 
     def queue(self, name: str, *, vpn: str = "default") -> Queue:
         """The queue called ``name``; :class:`StateError` if there is none."""
