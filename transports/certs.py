@@ -443,18 +443,8 @@ def make_server_certificate(
     """
     stem = _file_stem("server name", name)
     alternative_names = _alternative_names(hosts)
-    lifetime = _days(days)
-    folder = Path(directory)
-    authority = _load_authority(folder if ca_dir is None else Path(ca_dir))
-    _directory(folder)
-    return _issue(
-        authority,
-        CertificatePaths(folder / f"{stem}.pem", folder / f"{stem}-key.pem"),
-        common_name=stem,
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
-        alternative_names=alternative_names,
-        days=lifetime,
-        overwrite=overwrite,
+    return _issue_named(
+        directory, ca_dir, stem, ExtendedKeyUsageOID.SERVER_AUTH, alternative_names, days, overwrite
     )
 
 
@@ -485,6 +475,22 @@ def make_client_certificate(
         ``overwrite``), the username or an option is invalid, or a file cannot be written.
     """
     stem = _file_stem("username", username)
+    return _issue_named(
+        directory, ca_dir, stem, ExtendedKeyUsageOID.CLIENT_AUTH, None, days, overwrite
+    )
+
+
+def _issue_named(
+    directory: str | os.PathLike[str],
+    ca_dir: str | os.PathLike[str] | None,
+    stem: str,
+    usage: x509.ObjectIdentifier,
+    alternative_names: list[x509.GeneralName] | None,
+    days: int,
+    overwrite: bool,
+) -> CertificatePaths:
+    """Issue ``{stem}.pem``/``{stem}-key.pem`` in ``directory``, signed by the CA there
+    (or in ``ca_dir``), with ``stem`` as the common name."""
     lifetime = _days(days)
     folder = Path(directory)
     authority = _load_authority(folder if ca_dir is None else Path(ca_dir))
@@ -493,8 +499,8 @@ def make_client_certificate(
         authority,
         CertificatePaths(folder / f"{stem}.pem", folder / f"{stem}-key.pem"),
         common_name=stem,
-        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
-        alternative_names=None,
+        usage=usage,
+        alternative_names=alternative_names,
         days=lifetime,
         overwrite=overwrite,
     )
