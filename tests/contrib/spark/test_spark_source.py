@@ -144,30 +144,37 @@ async def test_app_restart_resumes_a_queue_stream_from_the_checkpoint(
         await wait_for(lambda: node.guaranteed.queue("orders").usage()[0] == 0)
 
 
+async def start_in_memory(spark: Any, bridge: Any, filters: str, name: str, ck: Path) -> Any:
+    """A running query: the stream of ``filters`` into the memory table ``name``."""
+    return await blocking(
+        lambda: (
+            bridge.read_stream(spark, subscribe=filters)
+            .writeStream.format("memory")
+            .queryName(name)
+            .option("checkpointLocation", str(ck))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+    )
+
+
+def count_in(spark: Any, table: str) -> int:
+    return int(spark.sql(f"select count(*) from {table}").collect()[0][0])
+
+
 async def test_processing_time_trigger_delivers_while_the_app_publishes(
     spark: Any, tmp_path: Path
 ) -> None:
     async with running_bridge(subscribe=["ticks/>"]) as (node, bridge):
         app = node.connect(client_name="app")
-        query = await blocking(
-            lambda: (
-                bridge.read_stream(spark, subscribe="ticks/>")
-                .writeStream.format("memory")
-                .queryName("ticks_memory")
-                .option("checkpointLocation", str(tmp_path / "ck"))
-                .trigger(processingTime="200 milliseconds")
-                .start()
-            )
-        )
+        query = await start_in_memory(spark, bridge, "ticks/>", "ticks_memory", tmp_path / "ck")
         try:
             for round_ in range(3):
                 for i in range(10):
                     app.publish(f"ticks/{round_}", f"{round_}-{i}")
                 expected = 10 * (round_ + 1)
                 await wait_for(
-                    lambda expected=expected: (
-                        spark.sql("select count(*) from ticks_memory").collect()[0][0] == expected
-                    ),
+                    lambda expected=expected: count_in(spark, "ticks_memory") == expected,
                     timeout=30,
                 )
         finally:
@@ -255,23 +262,11 @@ async def test_a_stream_nobody_declared_is_captured_from_the_first_query(
     async with running_bridge() as (node, bridge):
         app = node.connect(client_name="app")
         app.publish("late/1", "before the query: not captured")
-        query = await blocking(
-            lambda: (
-                bridge.read_stream(spark, subscribe="late/>")
-                .writeStream.format("memory")
-                .queryName("late_memory")
-                .option("checkpointLocation", str(tmp_path / "ck"))
-                .trigger(processingTime="200 milliseconds")
-                .start()
-            )
-        )
+        query = await start_in_memory(spark, bridge, "late/>", "late_memory", tmp_path / "ck")
         try:
             await wait_for(lambda: "late/>" in bridge.statistics()["streams"], timeout=30)
             app.publish("late/2", "after")
-            await wait_for(
-                lambda: spark.sql("select count(*) from late_memory").collect()[0][0] == 1,
-                timeout=30,
-            )
+            await wait_for(lambda: count_in(spark, "late_memory") == 1, timeout=30)
             rows = spark.sql("select value from late_memory").collect()
             assert [r.value for r in rows] == [b"after"]
         finally:
