@@ -32,6 +32,7 @@ class Egress:
         "max_bytes",
         "max_messages",
         "on_drained",
+        "on_ready",
     )
 
     def __init__(self, max_messages: int, max_bytes: int) -> None:
@@ -46,6 +47,10 @@ class Egress:
         #: Called (by the consumer's take) when the buffer becomes empty; eliding's
         #: congestion mode releases what it held back then.
         self.on_drained: Callable[[], None] | None = None
+        #: Called, instead of waking the waiting consumer, when a message arrives while
+        #: it waits. The callee takes messages itself or calls :meth:`wake`. A node's
+        #: connection uses it to write deliveries from the publisher's read.
+        self.on_ready: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -64,13 +69,22 @@ class Egress:
         if size > self.max_bytes or len(queue) > self.max_messages:
             self._shed()
         if self._waiter is not None:
-            self._wake()
+            if self.on_ready is None:
+                self.wake()
+            else:
+                self.on_ready()
 
-    def _wake(self) -> None:
+    @property
+    def consumer_waiting(self) -> bool:
+        """Whether the consumer is waiting in :meth:`get` (the buffer was empty)."""
+        return self._waiter is not None
+
+    def wake(self) -> None:
+        """Wake the consumer waiting in :meth:`get`, if any."""
         waiter = self._waiter
-        assert waiter is not None
-        self._waiter = None
-        waiter.set()
+        if waiter is not None:
+            self._waiter = None
+            waiter.set()
 
     def _shed(self) -> None:
         # Never the message just added: a message bigger than ``max_bytes`` waits alone

@@ -612,7 +612,8 @@ class RemoteSession:
     async def _write_before_waiting(self) -> None:
         """About to wait: write what is buffered now rather than in the writer's turn.
 
-        A request followed by a wait for its reply saves one scheduling pass this way.
+        A request followed by a wait for its reply saves one scheduling pass this way,
+        and a second one on streams that can be written without an await.
         """
         connection = self._connection
         if (
@@ -621,6 +622,8 @@ class RemoteSession:
             and (self._pending or connection.protocol.out)
         ):
             self._encode_pending()
+            if connection.flush_nowait():  # no scheduling pass, where the stream allows
+                return
             with contextlib.suppress(TransportError):  # the reader sees it too, and reconnects
                 await connection.flush()
 

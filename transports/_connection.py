@@ -20,7 +20,7 @@ from meshbus.errors import AuthenticationError, MeshbusError, ProtocolError, Tra
 
 from ._framing import FrameKind
 from ._protocol import LinkProtocol, LinkState, Role
-from ._streams import map_exceptions
+from ._streams import map_exceptions, nowait_sender
 
 __all__ = ["READ_SIZE", "Connection", "unwrap_errors"]
 
@@ -58,6 +58,7 @@ class Connection:
         self.protocol = protocol
         self.peer = peer
         self._lock = anyio.Lock(fast_acquire=True)  # no extra scheduling pass when free
+        self._nowait = nowait_sender(stream)
         self.closed = False
         #: Frames that arrived in the same read as the handshake frame (client side).
         self.early: list[tuple[int, Any, bytes]] = []
@@ -110,6 +111,30 @@ class Connection:
             if data:
                 with map_exceptions(f"writing to {self.peer}"):
                     await self.stream.send(data)
+
+    @property
+    def writes_nowait(self) -> bool:
+        """Whether :meth:`flush_nowait` can ever succeed on this stream."""
+        return self._nowait is not None
+
+    def can_flush_nowait(self) -> bool:
+        """Whether :meth:`flush_nowait` would write now: the stream has a write that
+        never waits, no writer holds the connection, and the stream's buffer has room."""
+        sender = self._nowait
+        return sender is not None and not self._lock.locked() and sender.ready()
+
+    def flush_nowait(self) -> bool:
+        """Write what the protocol has queued without awaiting, if
+        :meth:`can_flush_nowait`; else write nothing.
+
+        :returns: whether the queued frames were handed to the stream.
+        """
+        if not self.can_flush_nowait():
+            return False
+        data = self.protocol.data_to_send(_current_time())
+        if data:
+            self._nowait.write(data)  # type: ignore[union-attr]
+        return True
 
     async def keep_alive(
         self, interval: float, timeout: float, wake_writer: Callable[[], None] | None = None

@@ -32,7 +32,7 @@ from meshbus.errors import (
 from ._compression import ALGORITHMS
 from ._connection import Connection
 from ._protocol import LinkProtocol, Role
-from ._serving import ServedSession
+from ._serving import ServedSession, WriteThrough
 from ._settings import ListenerSettings
 from ._streams import map_exceptions
 
@@ -246,7 +246,8 @@ class Server:
             },
             compression=compression,
         )
-        served = ServedSession(connection, session, self.settings)
+        write_through = self.node.stash.setdefault(WRITE_THROUGH, WriteThrough())
+        served = ServedSession(connection, session, self.settings, write_through)
         try:
             await connection.flush()
         except TransportError as exc:
@@ -302,6 +303,9 @@ async def start_server(node: Node, settings: ListenerSettings | None = None) -> 
 
 SERVERS: StashKey[list[Server]] = StashKey()
 """Where a node keeps its servers (``node.stash``), for statistics."""
+
+WRITE_THROUGH: StashKey[WriteThrough] = StashKey()
+"""The node's :class:`WriteThrough`, shared by its listeners' connections."""
 
 
 def _text(hello: dict[str, Any], key: str, default: str) -> str:

@@ -10,6 +10,12 @@ A :class:`ServedSession` runs four kinds of task while its connection is open:
 - keepalive: pings a quiet peer, and drops one that stays silent.
 
 Plus one task per bound flow, feeding FLOW_DELIVER frames within the flow's window.
+
+Deliveries caused by a remote publisher skip the pump when they can: while a
+reader publishes, an idle subscriber's connection is only marked, and when the
+read's frames are done the reader writes each marked connection's deliveries
+itself, without an await (see :class:`WriteThrough`). That saves the pump's
+wakeup and the write's scheduling pass on every hop through the node.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ if TYPE_CHECKING:
 
     from ._connection import Connection
 
-__all__ = ["ServedSession"]
+__all__ = ["ServedSession", "WriteThrough"]
 
 log = logging.getLogger("meshbus.transports")
 
@@ -62,10 +68,45 @@ _BATCH_MESSAGES = 4096  # and at most this many, so a batch header stays small
 _MAX_PIPELINED_SENDS = 4096  # SEND frames waiting for the sender before reading pauses
 
 
+class WriteThrough:
+    """A node's connections whose deliveries wait for the current reader to write them.
+
+    One per node, shared by its listeners. A reader sets :attr:`active` while it
+    publishes the frames of one read (no await in between); deliveries to an idle
+    connection that can write without waiting are then collected here instead of
+    waking its pump, and :meth:`drain` writes them, one write per connection per
+    read, in delivery order. Outside a reader (an in-process publisher, a
+    guaranteed delivery) nothing is collected and pumps are woken as before.
+    """
+
+    __slots__ = ("active", "ready", "writes")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.ready: list[ServedSession] = []
+        #: Writes made this way (a reader writing another connection's deliveries).
+        self.writes = 0
+
+    def drain(self) -> None:
+        """Stop collecting and write what was collected."""
+        self.active = False
+        ready = self.ready
+        if ready:
+            self.ready = []
+            for served in ready:
+                served.write_ready()
+
+
 class ServedSession:
     """Relays between one connection and the :class:`~meshbus.Session` it logged in to."""
 
-    def __init__(self, connection: Connection, session: Session, settings: ListenerSettings):
+    def __init__(
+        self,
+        connection: Connection,
+        session: Session,
+        settings: ListenerSettings,
+        write_through: WriteThrough | None = None,
+    ):
         self.connection = connection
         self.protocol = connection.protocol
         self.session = session
@@ -79,6 +120,10 @@ class ServedSession:
         self.errors_sent = 0
         #: Messages whose headers could not be written (not JSON-serializable).
         self.undeliverable = 0
+        self._write_through = write_through if write_through is not None else WriteThrough()
+        self._marked = False  # in the write-through list already
+        if connection.writes_nowait:
+            session.egress.on_ready = self._on_ready
 
     async def run(self) -> None:
         """Serve until the peer closes, the connection fails or the session closes."""
@@ -108,6 +153,7 @@ class ServedSession:
         protocol = self.protocol
         session = self.session
         publish = session.publish
+        write_through = self._write_through
         while protocol.state is LinkState.OPEN:
             try:
                 frames = await connection.receive_frames()
@@ -118,23 +164,29 @@ class ServedSession:
                     raise
                 log.debug("connection from %s ended: %s", connection.peer, exc)
                 return
-            for kind, header, payload in frames:
-                if kind == _PUBLISH_BATCH:
-                    entries = decode_publish_batch(header, payload)
-                elif kind == _PUBLISH:
-                    topic, options = decode_publish(header)
-                    entries = [(topic, payload, options)]
-                else:
-                    await self._control(kind, header, payload)
-                    continue
-                for topic, body, options in entries:
-                    try:
-                        if options is None:
-                            publish(topic, body)
-                        else:
-                            self._publish_with(topic, body, options)
-                    except (MeshbusError, TypeError, ValueError) as exc:
-                        self._error(None, exc, topic=topic)
+            write_through.active = True
+            try:
+                for kind, header, payload in frames:
+                    if kind == _PUBLISH_BATCH:
+                        entries = decode_publish_batch(header, payload)
+                    elif kind == _PUBLISH:
+                        topic, options = decode_publish(header)
+                        entries = [(topic, payload, options)]
+                    else:
+                        write_through.drain()  # before any await: others run meanwhile
+                        await self._control(kind, header, payload)
+                        write_through.active = True
+                        continue
+                    for topic, body, options in entries:
+                        try:
+                            if options is None:
+                                publish(topic, body)
+                            else:
+                                self._publish_with(topic, body, options)
+                        except (MeshbusError, TypeError, ValueError) as exc:
+                            self._error(None, exc, topic=topic)
+            finally:
+                write_through.drain()
             if protocol.out:
                 await connection.flush()
         if protocol.close_reason:
@@ -360,8 +412,6 @@ class ServedSession:
 
     async def _pump(self) -> None:
         session = self.session
-        out = self.protocol.out
-        receive_nowait = session.receive_nowait
         while True:
             try:
                 message = await session.receive()
@@ -369,19 +419,54 @@ class ServedSession:
                 await self.connection.send_close("session closed by the node")
                 self._tg.cancel_scope.cancel()
                 return
-            batch = [message]
-            size = len(message.payload)
-            while size < _BATCH_BYTES and len(batch) < _BATCH_MESSAGES:
-                message = receive_nowait()  # type: ignore[assignment]
-                if message is None:
-                    break
-                batch.append(message)
-                size += len(message.payload)
-            try:
-                out += encode_deliver(batch[0]) if len(batch) == 1 else encode_deliver_batch(batch)
-            except TypeError:  # headers JSON cannot carry (from an in-process publisher)
-                self._deliver_one_by_one(batch)
+            self._encode_deliveries(message)
             await self.connection.flush()
+
+    def _encode_deliveries(self, message: Message) -> None:
+        """Queue ``message`` and what waits behind it, up to a batch's limits, as frames."""
+        receive_nowait = self.session.receive_nowait
+        batch = [message]
+        size = len(message.payload)
+        while size < _BATCH_BYTES and len(batch) < _BATCH_MESSAGES:
+            message = receive_nowait()  # type: ignore[assignment]
+            if message is None:
+                break
+            batch.append(message)
+            size += len(message.payload)
+        out = self.protocol.out  # a bytearray, extended in place
+        try:
+            out += encode_deliver(batch[0]) if len(batch) == 1 else encode_deliver_batch(batch)
+        except TypeError:  # headers JSON cannot carry (from an in-process publisher)
+            self._deliver_one_by_one(batch)
+
+    def _on_ready(self) -> None:
+        """The egress's hook: a message arrived while the pump waits for one."""
+        write_through = self._write_through
+        if not write_through.active:
+            self.session.egress.wake()
+        elif not self._marked:
+            self._marked = True
+            write_through.ready.append(self)
+
+    def write_ready(self) -> None:
+        """Write the waiting deliveries now, without the pump, if the stream takes them
+        without waiting; otherwise wake the pump to write them."""
+        self._marked = False
+        egress = self.session.egress
+        if not egress.consumer_waiting:
+            return  # the pump is awake (or the session closed): it takes them
+        connection = self.connection
+        receive_nowait = self.session.receive_nowait
+        # Take messages only while they can be written at once: frames left queued
+        # with no message behind them would wait for the next delivery.
+        while self.protocol.state is LinkState.OPEN and connection.can_flush_nowait():
+            message = receive_nowait()
+            if message is None:
+                return
+            self._encode_deliveries(message)
+            connection.flush_nowait()
+            self._write_through.writes += 1
+        egress.wake()  # the pump writes the rest, awaiting room in the stream
 
     def _deliver_one_by_one(self, batch: list[Message]) -> None:
         out = self.protocol.out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,7 +27,9 @@ __all__ = [
     "MemoryByteStream",
     "connect_stream",
     "map_exceptions",
+    "NowaitSender",
     "memory_stream_pair",
+    "nowait_sender",
     "parse_url",
     "set_nodelay",
 ]
@@ -81,6 +83,52 @@ def set_nodelay(stream: anyio.abc.AnyByteStream) -> None:
     raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
     if raw is not None and raw.family in (socket.AF_INET, socket.AF_INET6):
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class NowaitSender:
+    """A write that never waits, on a stream that has one (see :func:`nowait_sender`)."""
+
+    __slots__ = ("_is_closing", "_protocol", "_stream", "write")
+
+    def __init__(self, stream: Any, transport: Any, protocol: Any) -> None:
+        self._stream = stream
+        self._protocol = protocol
+        self._is_closing = transport.is_closing
+        #: Hand ``data`` to the kernel now, buffering what it does not take. Call it
+        #: only right after :meth:`ready` said yes, with no await in between.
+        self.write: Callable[[bytes], None] = transport.write
+
+    def ready(self) -> bool:
+        """Whether :attr:`write` may be called: the stream is open, healthy and its
+        write buffer is not over its limit (else the caller awaits ``send``)."""
+        protocol = self._protocol
+        return not (
+            getattr(self._stream, "_closed", True)
+            or protocol.exception is not None
+            or not protocol.write_event.is_set()
+            or self._is_closing()
+        )
+
+
+def nowait_sender(stream: anyio.abc.AnyByteStream) -> NowaitSender | None:
+    """The stream's write that never waits, or ``None`` when it has none.
+
+    anyio's TCP stream on an asyncio loop (uvloop included) sits on a transport
+    whose ``write`` hands bytes to the kernel at once and buffers what the kernel
+    does not take, so a caller can write without an await and without the
+    scheduling pass that ``send`` ends with. TLS, trio and memory streams have no
+    such write and get ``None``; so does an anyio whose insides differ.
+    """
+    kind = type(stream)
+    if kind.__name__ != "SocketStream" or kind.__module__ != "anyio._backends._asyncio":
+        return None
+    transport = getattr(stream, "_transport", None)
+    protocol = getattr(stream, "_protocol", None)
+    if not all(hasattr(transport, name) for name in ("write", "is_closing")):
+        return None
+    if not all(hasattr(protocol, name) for name in ("write_event", "exception")):
+        return None
+    return NowaitSender(stream, transport, protocol)
 
 
 async def connect_stream(
