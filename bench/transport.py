@@ -50,6 +50,7 @@ What is measured:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import math
 import os
@@ -164,13 +165,6 @@ def measure_rtt(work: Path, family: str, url: str, requests: int, extra: list[st
             requester.expect("READY", READY_TIMEOUT)
             got = requester.result(rtt_timeout(requests))
     return RoundTrips(got["rtt_us"])
-
-
-def best_rtt(
-    work: Path, family: str, url: str, requests: int, extra: list[str], rounds: int
-) -> RoundTrips:
-    runs = [measure_rtt(work, family, url, requests, extra) for _ in range(rounds)]
-    return min(runs, key=lambda r: r.p50)
 
 
 # --- the peers ----------------------------------------------------------------------------------
@@ -379,44 +373,55 @@ def _meshbus_throughput(
 
 
 def rtt_phase(work: Path, args: argparse.Namespace, meshbus_why: str | None) -> None:
-    rtts: dict[str, RoundTrips] = {}
+    """Round trips, every peer's rounds interleaved (nats, ..., meshbus, nats, ...), so
+    a slow spell of the machine lands on all of them rather than on one peer's runs."""
     notes = {
         "nats": "nats-py, reply subject bench.rep.1",
         "mosquitto": "paho-mqtt QoS 0, fixed reply topic: MQTT 3.1.1 has no reply-to",
         "amqtt": "paho-mqtt QoS 0, fixed reply topic: MQTT 3.1.1 has no reply-to",
+        "meshbus": "tcp, reply_to=bench/rep/1",
     }
-    for peer in PEERS:
-        if peer.name not in args.only or peer.available() is not None:
-            continue  # already said in the throughput phase
-        try:
-            with peer.broker(work) as port:
-                r = best_rtt(work, peer.family, peer.url(port), args.requests, [], args.rounds)
-        except PeerError as exc:
-            say(f"transport rtt {peer.name}: {failure(exc)}")
-            continue
-        rtts[peer.name] = r
-        say(
-            f"transport rtt {peer.name}: {r.text()} "
-            f"({notes[peer.name]}; {len(r.samples):,} round trips)"
+    contenders = [
+        (peer.name, peer.family, peer.broker, peer.url)
+        for peer in PEERS
+        if peer.name in args.only and peer.available() is None  # else said in throughput
+    ]
+    if "meshbus" in args.only and meshbus_why is None:
+        contenders.append(
+            ("meshbus", "meshbus", _peers.meshbus_broker, lambda port: f"tcp://127.0.0.1:{port}")
         )
-
-    if "meshbus" not in args.only or meshbus_why is not None:
-        return
-    try:
-        with _peers.meshbus_broker(work) as port:
-            url = f"tcp://127.0.0.1:{port}"
-            r = best_rtt(work, "meshbus", url, args.requests, [], args.rounds)
-    except PeerError as exc:
-        say(f"transport rtt meshbus: {failure(exc)}")
-        return
-    nats = rtts.get("nats")
-    versus = ""
-    if nats is not None:
-        versus = f" (nats {nats.text()}; target p50 <= nats p50) {verdict(r.p50 <= nats.p50)}"
-    say(
-        f"transport rtt meshbus: {r.text()}{versus} "
-        f"(tcp, reply_to=bench/rep/1; {len(r.samples):,} round trips)"
-    )
+    runs: dict[str, list[RoundTrips]] = {name: [] for name, *_ in contenders}
+    failed: dict[str, PeerError] = {}
+    with contextlib.ExitStack() as brokers:
+        urls: dict[str, str] = {}
+        for name, _, broker, url in contenders:
+            try:
+                urls[name] = url(brokers.enter_context(broker(work)))
+            except PeerError as exc:
+                failed[name] = exc
+        for _ in range(args.rounds):
+            for name, family, _, _ in contenders:
+                if name in failed:
+                    continue
+                try:
+                    runs[name].append(measure_rtt(work, family, urls[name], args.requests, []))
+                except PeerError as exc:
+                    failed[name] = exc
+    best = {name: min(r, key=lambda t: t.p50) for name, r in runs.items() if r}
+    for name, *_ in contenders:
+        if name in failed:
+            say(f"transport rtt {name}: {failure(failed[name])}")
+            continue
+        r = best[name]
+        versus = ""
+        nats = best.get("nats")
+        if name == "meshbus" and nats is not None:
+            versus = f" (nats {nats.text()}; target p50 <= nats p50) {verdict(r.p50 <= nats.p50)}"
+        say(
+            f"transport rtt {name}: {r.text()}{versus} "
+            f"({notes[name]}; {len(r.samples):,} round trips, best p50 of {len(runs[name])} "
+            "interleaved runs)"
+        )
 
 
 # --- main ---------------------------------------------------------------------------------------
