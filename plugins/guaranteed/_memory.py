@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from heapq import heapify, heappop, heappush
 
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
 
@@ -29,6 +30,7 @@ from ._store import (
     StoredMessage,
     decode_headers,
     validate_endpoint,
+    validate_expired_read,
     validate_ids,
     validate_messages,
     validate_page,
@@ -43,19 +45,25 @@ class _Endpoint:
     ``counts`` maps message id -> delivery count, the truth. ``order`` lists ids
     ascending for ``read`` to bisect; acked ids stay in it as tombstones (removing
     from the middle of a list is O(n) per ack) until they are half of it.
+    ``expiring`` is a heap of ``(expires_at, id)`` for the messages with a TTL, so
+    the TTL sweep finds the expired ones without a scan; it keeps tombstones too.
     """
 
-    __slots__ = ("bytes", "counts", "order")
+    __slots__ = ("bytes", "counts", "expiring", "order")
 
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}
         self.order: list[int] = []
+        self.expiring: list[tuple[float, int]] = []
         self.bytes = 0
 
     def compact(self) -> None:
-        if len(self.order) > 2 * len(self.counts) + 64:
-            counts = self.counts
+        counts = self.counts
+        if len(self.order) > 2 * len(counts) + 64:
             self.order = [i for i in self.order if i in counts]
+        if len(self.expiring) > 2 * len(counts) + 64:
+            self.expiring = [e for e in self.expiring if e[1] in counts]
+            heapify(self.expiring)
 
 
 class MemoryStore(SpoolStore):
@@ -118,6 +126,8 @@ class MemoryStore(SpoolStore):
                 endpoint.counts[message_id] = 0
                 endpoint.order.append(message_id)  # ids only grow: stays sorted
                 endpoint.bytes += size
+                if message.expires_at is not None:
+                    heappush(endpoint.expiring, (message.expires_at, message_id))
             ids.append(message_id)
         self._commit(len(ids))
         await cancel_shielded_checkpoint()  # let others run; the put is done, so no cancel
@@ -208,6 +218,36 @@ class MemoryStore(SpoolStore):
                     break
         return page
 
+    async def read_expired(
+        self, endpoint: str, after_id: int, now: float, limit: int = DEFAULT_PAGE
+    ) -> list[SpoolEntry]:
+        self._check_open()
+        validate_endpoint(endpoint)
+        validate_expired_read(after_id, now, limit)
+        await checkpoint()
+        self._check_open()
+        held = self._endpoints.get(endpoint)
+        if held is None:
+            return []
+        heap, counts = held.expiring, held.counts
+        while heap and heap[0][1] not in counts:
+            heappop(heap)  # acked: a tombstone at the top goes now
+        # The entries due by ``now`` are the heap's top: walk down while they are due.
+        ids: list[int] = []
+        stack = [0] if heap and heap[0][0] <= now else []
+        size = len(heap)
+        while stack:
+            i = stack.pop()
+            message_id = heap[i][1]
+            if message_id > after_id and message_id in counts:
+                ids.append(message_id)
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < size and heap[child][0] <= now:
+                    stack.append(child)
+        ids.sort()
+        messages = self._messages
+        return [SpoolEntry(messages[i], counts[i]) for i in ids[:limit]]
+
     def stats(self, endpoint: str) -> EndpointStats:
         held = self._endpoints.get(endpoint)
         if held is None:
@@ -254,5 +294,11 @@ class MemoryStore(SpoolStore):
                 raise SpoolError(f"endpoint {name!r} counts {held.bytes} bytes, holds {size}")
             if sorted(held.counts) != [i for i in held.order if i in held.counts]:
                 raise SpoolError(f"endpoint {name!r} lost its id order")
+            expiring = {message_id for _, message_id in held.expiring}
+            for message_id in held.counts:
+                if self._messages[message_id].expires_at is not None and (
+                    message_id not in expiring
+                ):
+                    raise SpoolError(f"endpoint {name!r} lost the expiry of {message_id}")
         if refcounts != self._refcounts or set(refcounts) != set(self._messages):
             raise SpoolError("message refcounts do not match the references held")

@@ -61,6 +61,7 @@ from ._store import (
     StoredMessage,
     decode_headers,
     validate_endpoint,
+    validate_expired_read,
     validate_ids,
     validate_messages,
     validate_page,
@@ -88,6 +89,10 @@ CREATE TABLE IF NOT EXISTS messages (
     published_at REAL NOT NULL,
     refcount INTEGER NOT NULL
 );
+-- The TTL sweep's way to the expired messages without reading the others. Created on
+-- open, so spools written before it get it too; it changes no table, hence no new version.
+CREATE INDEX IF NOT EXISTS messages_by_expiry ON messages (expires_at)
+    WHERE expires_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS refs (
     endpoint TEXT NOT NULL,
     message_id INTEGER NOT NULL,
@@ -134,6 +139,18 @@ SELECT m.id, m.topic, m.payload, m.headers, m.persistent, m.expires_at, m.publis
 FROM refs AS r JOIN messages AS m ON m.id = r.message_id
 WHERE r.endpoint = ? AND r.message_id > ?
 ORDER BY r.message_id
+LIMIT ?
+"""
+
+# Through messages_by_expiry (the comparison implies the index's NOT NULL), then refs
+# by its key: reads only the expired messages, whatever the endpoint holds besides.
+_READ_EXPIRED = """
+SELECT m.id, m.topic, m.payload, m.headers, m.persistent, m.expires_at, m.published_at,
+       r.delivery_count
+FROM messages AS m INDEXED BY messages_by_expiry
+CROSS JOIN refs AS r ON r.endpoint = ? AND r.message_id = m.id
+WHERE m.expires_at <= ? AND m.id > ?
+ORDER BY m.id
 LIMIT ?
 """
 
@@ -577,6 +594,16 @@ class SqliteStore(SpoolStore):
     def _read(
         self, endpoint: str, after_id: int, limit: int, max_bytes: int | None
     ) -> list[SpoolEntry]:
+        return self._select(endpoint, _READ, (endpoint, after_id, limit), max_bytes)
+
+    def _read_expired(
+        self, endpoint: str, after_id: int, now: float, limit: int
+    ) -> list[SpoolEntry]:
+        return self._select(endpoint, _READ_EXPIRED, (endpoint, now, after_id, limit), None)
+
+    def _select(
+        self, endpoint: str, query: str, parameters: tuple[Any, ...], max_bytes: int | None
+    ) -> list[SpoolEntry]:
         conn = self._conn
         if conn is None:
             raise StateError(f"spool {self.path!r} is not open")
@@ -585,7 +612,7 @@ class SqliteStore(SpoolStore):
         try:
             # Rows are stepped one by one, so a page cut short by max_bytes never
             # loads the payloads after it; closing the cursor ends the statement.
-            cursor = conn.execute(_READ, (endpoint, after_id, limit))
+            cursor = conn.execute(query, parameters)
             try:
                 for row in cursor:
                     payload = row[2]
@@ -651,6 +678,16 @@ class SqliteStore(SpoolStore):
         validate_page(after_id, limit, max_bytes)
         return await anyio.to_thread.run_sync(
             self._read, endpoint, after_id, limit, max_bytes, limiter=self._limiter
+        )
+
+    async def read_expired(
+        self, endpoint: str, after_id: int, now: float, limit: int = DEFAULT_PAGE
+    ) -> list[SpoolEntry]:
+        self._check_open()
+        validate_endpoint(endpoint)
+        validate_expired_read(after_id, now, limit)
+        return await anyio.to_thread.run_sync(
+            self._read_expired, endpoint, after_id, now, limit, limiter=self._limiter
         )
 
     def stats(self, endpoint: str) -> EndpointStats:

@@ -250,6 +250,29 @@ class SpoolStore(abc.ABC):
         30 MB a page bounded by count alone could not be held in RAM.
         """
 
+    async def read_expired(
+        self, endpoint: str, after_id: int, now: float, limit: int = DEFAULT_PAGE
+    ) -> list[SpoolEntry]:
+        """Up to ``limit`` of ``endpoint``'s messages with id > ``after_id`` whose
+        ``expires_at`` is at or before ``now``, in id order (the TTL sweep's read).
+
+        Page on as with :meth:`read`. This default pages through :meth:`read` and
+        filters, reading every message; a store that can find expired messages
+        without that (an index on the expiry time) should override it.
+        """
+        validate_expired_read(after_id, now, limit)
+        found: list[SpoolEntry] = []
+        while len(found) < limit:
+            page = await self.read(endpoint, after_id, DEFAULT_PAGE)
+            if not page:
+                break
+            after_id = page[-1].message.id
+            for entry in page:
+                expires = entry.message.expires_at
+                if expires is not None and expires <= now:
+                    found.append(entry)
+        return found[:limit]
+
     @abc.abstractmethod
     def stats(self, endpoint: str) -> EndpointStats:
         """Messages and payload bytes ``endpoint`` holds (zero for an unknown name)."""
@@ -334,6 +357,12 @@ def validate_page(after_id: int, limit: int, max_bytes: int | None) -> None:
             raise TypeError(f"max_bytes must be an int or None, not {type(max_bytes).__name__}")
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
+
+
+def validate_expired_read(after_id: int, now: float, limit: int) -> None:
+    """Check the arguments of :meth:`SpoolStore.read_expired`."""
+    validate_page(after_id, limit, None)
+    _check_time("now", now)
 
 
 def _check_time(what: str, value: object) -> None:
