@@ -102,6 +102,26 @@ class MemoryStore(SpoolStore):
         # Stored before yielding, as SpoolStore promises: stats() counts a put from the
         # moment it is called, so a quota check and the put need no lock between them.
         await checkpoint_if_cancelled()
+        ids = self._store(messages, encoded)
+        self._commit(len(ids))
+        await cancel_shielded_checkpoint()  # let others run; the put is done, so no cancel
+        return ids
+
+    async def put_and_ack(
+        self, messages: Sequence[NewMessage], endpoint: str, message_ids: Iterable[int]
+    ) -> list[int]:
+        self._check_open()
+        validate_endpoint(endpoint)
+        acked = validate_ids(message_ids)
+        encoded = validate_messages(messages)
+        await checkpoint_if_cancelled()
+        ids = self._store(messages, encoded)  # both before any yield: one change
+        self._remove(endpoint, acked)
+        self._commit(len(ids) + len(acked))
+        await cancel_shielded_checkpoint()
+        return ids
+
+    def _store(self, messages: Sequence[NewMessage], encoded: list[str]) -> list[int]:
         ids = []
         for message, headers in zip(messages, encoded, strict=True):
             message_id = self._next_id
@@ -129,8 +149,6 @@ class MemoryStore(SpoolStore):
                 if message.expires_at is not None:
                     heappush(endpoint.expiring, (message.expires_at, message_id))
             ids.append(message_id)
-        self._commit(len(ids))
-        await cancel_shielded_checkpoint()  # let others run; the put is done, so no cancel
         return ids
 
     def _commit(self, records: int) -> None:
@@ -153,6 +171,11 @@ class MemoryStore(SpoolStore):
         ids = validate_ids(message_ids)
         await checkpoint()
         self._check_open()
+        removed = self._remove(endpoint, ids)
+        self._commit(len(ids))
+        return removed
+
+    def _remove(self, endpoint: str, ids: Iterable[int]) -> int:
         held = self._endpoints.get(endpoint)
         removed = 0
         if held is not None:
@@ -164,7 +187,6 @@ class MemoryStore(SpoolStore):
                 del self._endpoints[endpoint]
             else:
                 held.compact()
-        self._commit(len(ids))
         return removed
 
     async def mark_delivered(self, endpoint: str, message_ids: Iterable[int]) -> int:

@@ -284,15 +284,18 @@ class Queue:
         dmq_name = self.settings.dead_message_queue
         dmq = self.service.find_queue(self.vpn_name, dmq_name) if dmq_name else None
         message = entry.message
+        if reason == "ttl":
+            self.expired += 1
         if dmq is not None and dmq is not self and dmq.refusal(len(message.payload)) is None:
-            await self.store.put_many([_copy_to(message, dmq.endpoint)])
+            # One store change: a crash leaves the message here or there, not in both.
+            await self.store.put_and_ack(
+                [_copy_to(message, dmq.endpoint)], self.endpoint, [message.id]
+            )
             dmq.stored()
             self.dead_lettered += 1
         else:
             self.discarded += 1
-        if reason == "ttl":
-            self.expired += 1
-        await self.store.ack(self.endpoint, [message.id])
+            await self.store.ack(self.endpoint, [message.id])
         self._wake()
 
 

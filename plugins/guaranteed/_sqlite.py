@@ -189,7 +189,7 @@ _CHECKS = (
     ),
 )
 
-_PUT, _ACK, _MARK, _DROP = range(4)
+_PUT, _ACK, _MARK, _DROP, _PUT_ACK = range(5)
 
 
 class _Ticket:
@@ -359,6 +359,34 @@ class SqliteStore(SpoolStore):
         if not messages:
             return []
         self._check_open()
+        rows, refs, delta, ids, persistent = self._new_rows(messages, encoded)
+        ticket = _Ticket(_PUT, "", (rows, refs), len(rows), self._full and persistent)
+        ticket.delta = delta
+        await self._submit(ticket)
+        return ids
+
+    async def put_and_ack(
+        self, messages: Sequence[NewMessage], endpoint: str, message_ids: Iterable[int]
+    ) -> list[int]:
+        self._check_open()
+        validate_endpoint(endpoint)
+        acked = validate_ids(message_ids)
+        encoded = validate_messages(messages)
+        await checkpoint_if_cancelled()
+        self._check_open()
+        rows, refs, delta, ids, persistent = self._new_rows(messages, encoded)
+        # One ticket, so one transaction: the put and the ack commit together or not at all.
+        gone = [(endpoint, i) for i in acked]
+        records = len(rows) + len(gone)
+        ticket = _Ticket(_PUT_ACK, endpoint, (rows, refs, gone), records, self._full and persistent)
+        ticket.delta = delta
+        await self._submit(ticket)
+        return ids
+
+    def _new_rows(
+        self, messages: Sequence[NewMessage], encoded: list[str]
+    ) -> tuple[list[Any], list[Any], dict[str, list[int]], list[int], bool]:
+        """The rows a put inserts, its references, what it adds per endpoint, its ids."""
         # Ids are taken now, in call order, so that ids (and so every endpoint's
         # order) follow the order of the calls even when they share a commit.
         rows = []
@@ -395,10 +423,7 @@ class SqliteStore(SpoolStore):
             ids.append(message_id)
             message_id += 1
         self._next_id = message_id
-        ticket = _Ticket(_PUT, "", (rows, refs), len(rows), self._full and persistent)
-        ticket.delta = delta
-        await self._submit(ticket)
-        return ids
+        return rows, refs, delta, ids, persistent
 
     async def ack(self, endpoint: str, message_ids: Iterable[int]) -> int:
         return await self._submit_refs(_ACK, endpoint, message_ids, sync=False)
@@ -562,6 +587,18 @@ class SqliteStore(SpoolStore):
                     _merge(delta, ticket.delta)
                     top = put_rows[-1][0]
                     counts.append(len(put_rows))
+                    continue
+                if kind == _PUT_ACK:  # a put, then an ack, in this same transaction
+                    put_rows, put_refs, gone = ticket.args
+                    rows += put_rows
+                    refs += put_refs
+                    assert ticket.delta is not None
+                    _merge(delta, ticket.delta)
+                    top = put_rows[-1][0] if put_rows else top
+                    _insert(conn, rows, refs, delta, touched)
+                    rows, refs, delta = [], [], {}
+                    counts.append(conn.executemany(_DELETE_REF, gone).rowcount)
+                    touched[ticket.endpoint] = None
                     continue
                 if rows:
                     _insert(conn, rows, refs, delta, touched)

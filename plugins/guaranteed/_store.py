@@ -226,6 +226,24 @@ class SpoolStore(abc.ABC):
         are ignored, so acking twice is harmless.
         """
 
+    async def put_and_ack(
+        self, messages: Sequence[NewMessage], endpoint: str, message_ids: Iterable[int]
+    ) -> list[int]:
+        """Store ``messages`` and remove ``endpoint``'s references to ``message_ids`` as
+        one change; return the new ids. Moving a message to the dead message queue is
+        this: after a crash it is in one queue or the other, never both, never neither.
+
+        This default does :meth:`put_many`, then :meth:`ack`, so a crash between them
+        leaves the message in both; a store that commits in transactions should
+        override it with one commit.
+        """
+        validate_endpoint(endpoint)
+        ids = validate_ids(message_ids)
+        validate_messages(messages)
+        stored = await self.put_many(messages)
+        await self.ack(endpoint, ids)
+        return stored
+
     @abc.abstractmethod
     async def mark_delivered(self, endpoint: str, message_ids: Iterable[int]) -> int:
         """Add one to the delivery count of each of ``endpoint``'s ``message_ids``.
