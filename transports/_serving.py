@@ -94,7 +94,12 @@ class WriteThrough:
         if ready:
             self.ready = []
             for served in ready:
-                served.write_ready()
+                served.marked = False  # first: a failure below must not leave it marked
+                try:
+                    served.write_ready()
+                except Exception:  # a bug there must not end the reader's connection
+                    log.exception("writing deliveries to %s failed", served.connection.peer)
+                    served.session.egress.wake()  # its pump writes them, or fails on its own
 
 
 class ServedSession:
@@ -121,7 +126,8 @@ class ServedSession:
         #: Messages whose headers could not be written (not JSON-serializable).
         self.undeliverable = 0
         self._write_through = write_through if write_through is not None else WriteThrough()
-        self._marked = False  # in the write-through list already
+        #: In its node's write-through list already (see :class:`WriteThrough`).
+        self.marked = False
         if connection.writes_nowait:
             session.egress.on_ready = self._on_ready
 
@@ -444,14 +450,13 @@ class ServedSession:
         write_through = self._write_through
         if not write_through.active:
             self.session.egress.wake()
-        elif not self._marked:
-            self._marked = True
+        elif not self.marked:
+            self.marked = True
             write_through.ready.append(self)
 
     def write_ready(self) -> None:
         """Write the waiting deliveries now, without the pump, if the stream takes them
         without waiting; otherwise wake the pump to write them."""
-        self._marked = False
         egress = self.session.egress
         if not egress.consumer_waiting:
             return  # the pump is awake (or the session closed): it takes them

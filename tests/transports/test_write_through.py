@@ -23,7 +23,7 @@ from meshbus.transports._codec import decode_deliver, decode_deliver_batch
 from meshbus.transports._framing import FrameKind
 from meshbus.transports._protocol import LinkProtocol, Role
 from meshbus.transports._server import WRITE_THROUGH
-from meshbus.transports._serving import WriteThrough
+from meshbus.transports._serving import ServedSession, WriteThrough
 from meshbus.transports._streams import connect_stream, memory_stream_pair, nowait_sender
 
 from .conftest import Certificates, wait_until
@@ -242,3 +242,30 @@ async def test_a_connection_being_written_falls_back_to_the_pump(
             assert writes_through(node) == before  # it waited for the lock, in the pump
         messages = await drain(subscriber, 1)
     assert messages[0].topic == "busy/1"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_failing_write_through_costs_neither_connection(
+    node: Node, server: Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug while writing another connection's deliveries is logged; the publisher's
+    connection goes on and the subscriber's pump delivers the message instead."""
+    failures = []
+
+    def broken(self: ServedSession) -> None:
+        failures.append(self)
+        raise RuntimeError("injected")
+
+    async with connect(server.url) as subscriber, connect(server.url) as publisher:
+        subscriber.subscribe("bug/>")
+        await subscriber.confirm()
+        monkeypatch.setattr(ServedSession, "write_ready", broken)
+        publisher.publish("bug/1", b"1")
+        messages = await drain(subscriber, 1)
+        monkeypatch.undo()
+        await publisher.confirm()  # the publisher's connection is still served
+        publisher.publish("bug/2", b"2")
+        messages += await drain(subscriber, 1)
+    assert [m.topic for m in messages] == ["bug/1", "bug/2"]
+    assert len(failures) == 1
+    assert "writing deliveries to" in caplog.text
