@@ -9,6 +9,7 @@ with the same calls as an in-process :class:`meshbus.Session`.
 
 from __future__ import annotations
 
+from ._asyncio_tcp import READ_HIGH_WATER, AsyncioTcpStream
 from ._backoff import Backoff
 from ._client import RemoteSession, connect
 from ._framing import FrameDecoder, FrameKind, encode_frame
@@ -29,6 +30,8 @@ __all__ = [
     "DEFAULT_TLS_PORT",
     "MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
+    "READ_HIGH_WATER",
+    "AsyncioTcpStream",
     "Backoff",
     "FrameDecoder",
     "FrameKind",

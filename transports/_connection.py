@@ -18,9 +18,10 @@ import anyio.lowlevel
 
 from meshbus.errors import AuthenticationError, MeshbusError, ProtocolError, TransportError
 
+from ._asyncio_tcp import AsyncioTcpStream
 from ._framing import FrameKind
 from ._protocol import LinkProtocol, LinkState, Role
-from ._streams import map_exceptions, nowait_sender
+from ._streams import map_exceptions
 
 __all__ = ["READ_SIZE", "Connection", "unwrap_errors"]
 
@@ -58,7 +59,8 @@ class Connection:
         self.protocol = protocol
         self.peer = peer
         self._lock = anyio.Lock(fast_acquire=True)  # no extra scheduling pass when free
-        self._nowait = nowait_sender(stream)
+        #: The stream, when it can be written without an await (TCP on asyncio).
+        self._nowait = stream if isinstance(stream, AsyncioTcpStream) else None
         self.closed = False
         #: Frames that arrived in the same read as the handshake frame (client side).
         self.early: list[tuple[int, Any, bytes]] = []
@@ -120,8 +122,8 @@ class Connection:
     def can_flush_nowait(self) -> bool:
         """Whether :meth:`flush_nowait` would write now: the stream has a write that
         never waits, no writer holds the connection, and the stream's buffer has room."""
-        sender = self._nowait
-        return sender is not None and not self._lock.locked() and sender.ready()
+        stream = self._nowait
+        return stream is not None and not self._lock.locked() and stream.writable_now()
 
     def flush_nowait(self) -> bool:
         """Write what the protocol has queued without awaiting, if
@@ -133,7 +135,7 @@ class Connection:
             return False
         data = self.protocol.data_to_send(_current_time())
         if data:
-            self._nowait.write(data)  # type: ignore[union-attr]
+            self._nowait.send_nowait(data)  # type: ignore[union-attr]
         return True
 
     async def keep_alive(

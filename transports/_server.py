@@ -29,6 +29,7 @@ from meshbus.errors import (
     TransportError,
 )
 
+from ._asyncio_tcp import adopt_tcp_stream
 from ._compression import ALGORITHMS
 from ._connection import Connection
 from ._protocol import LinkProtocol, Role
@@ -113,6 +114,7 @@ class Server:
     async def _serve_accepted(self, stream: anyio.abc.ByteStream) -> None:
         self.accepted += 1
         peer = _peer_name(stream)
+        stream = adopt_tcp_stream(stream)
         certificate_name = None
         if self._context is not None:
             try:

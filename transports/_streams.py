@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +20,7 @@ from anyio.streams.tls import TLSStream
 
 from meshbus.errors import ConfigurationError, TransportError
 
+from ._asyncio_tcp import adopt_tcp_stream
 from ._settings import DEFAULT_PORT, DEFAULT_TLS_PORT, TlsSettings
 
 __all__ = [
@@ -27,9 +28,7 @@ __all__ = [
     "MemoryByteStream",
     "connect_stream",
     "map_exceptions",
-    "NowaitSender",
     "memory_stream_pair",
-    "nowait_sender",
     "parse_url",
     "set_nodelay",
 ]
@@ -85,52 +84,6 @@ def set_nodelay(stream: anyio.abc.AnyByteStream) -> None:
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-class NowaitSender:
-    """A write that never waits, on a stream that has one (see :func:`nowait_sender`)."""
-
-    __slots__ = ("_is_closing", "_protocol", "_stream", "write")
-
-    def __init__(self, stream: Any, transport: Any, protocol: Any) -> None:
-        self._stream = stream
-        self._protocol = protocol
-        self._is_closing = transport.is_closing
-        #: Hand ``data`` to the kernel now, buffering what it does not take. Call it
-        #: only right after :meth:`ready` said yes, with no await in between.
-        self.write: Callable[[bytes], None] = transport.write
-
-    def ready(self) -> bool:
-        """Whether :attr:`write` may be called: the stream is open, healthy and its
-        write buffer is not over its limit (else the caller awaits ``send``)."""
-        protocol = self._protocol
-        return not (
-            getattr(self._stream, "_closed", True)
-            or protocol.exception is not None
-            or not protocol.write_event.is_set()
-            or self._is_closing()
-        )
-
-
-def nowait_sender(stream: anyio.abc.AnyByteStream) -> NowaitSender | None:
-    """The stream's write that never waits, or ``None`` when it has none.
-
-    anyio's TCP stream on an asyncio loop (uvloop included) sits on a transport
-    whose ``write`` hands bytes to the kernel at once and buffers what the kernel
-    does not take, so a caller can write without an await and without the
-    scheduling pass that ``send`` ends with. TLS, trio and memory streams have no
-    such write and get ``None``; so does an anyio whose insides differ.
-    """
-    kind = type(stream)
-    if kind.__name__ != "SocketStream" or kind.__module__ != "anyio._backends._asyncio":
-        return None
-    transport = getattr(stream, "_transport", None)
-    protocol = getattr(stream, "_protocol", None)
-    if not all(hasattr(transport, name) for name in ("write", "is_closing")):
-        return None
-    if not all(hasattr(protocol, name) for name in ("write_event", "exception")):
-        return None
-    return NowaitSender(stream, transport, protocol)
-
-
 async def connect_stream(
     url: str, *, tls: TlsSettings | None = None, timeout: float = 10.0
 ) -> anyio.abc.ByteStream:
@@ -147,6 +100,7 @@ async def connect_stream(
             with anyio.fail_after(timeout):
                 stream: anyio.abc.ByteStream = await anyio.connect_tcp(host, port)
                 set_nodelay(stream)
+                stream = adopt_tcp_stream(stream)
                 if context is not None:
                     assert tls is not None
                     try:

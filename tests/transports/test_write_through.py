@@ -19,12 +19,14 @@ import pytest
 
 from meshbus import ClientProfile, Message, Node
 from meshbus.transports import ListenerSettings, Server, TlsSettings, connect, start_server
+from meshbus.transports._asyncio_tcp import AsyncioTcpStream, adopt_tcp_stream
 from meshbus.transports._codec import decode_deliver, decode_deliver_batch
+from meshbus.transports._connection import Connection
 from meshbus.transports._framing import FrameKind
 from meshbus.transports._protocol import LinkProtocol, Role
 from meshbus.transports._server import WRITE_THROUGH
 from meshbus.transports._serving import ServedSession, WriteThrough
-from meshbus.transports._streams import connect_stream, memory_stream_pair, nowait_sender
+from meshbus.transports._streams import connect_stream, memory_stream_pair
 
 from .conftest import Certificates, wait_until
 
@@ -52,19 +54,17 @@ async def test_only_a_tcp_stream_on_asyncio_writes_without_waiting(
 ) -> None:
     stream = await connect_stream(server.url)
     try:
-        sender = nowait_sender(stream)
         if anyio_backend == "asyncio":
-            assert sender is not None
-            assert sender.ready()
+            assert isinstance(stream, AsyncioTcpStream)
+            assert stream.writable_now()
         else:
-            assert sender is None
+            assert not isinstance(stream, AsyncioTcpStream)
     finally:
         await stream.aclose()
-    if anyio_backend == "asyncio":
-        assert sender is not None
-        assert not sender.ready()
+    if isinstance(stream, AsyncioTcpStream):
+        assert not stream.writable_now()  # closed: the caller must not write
     a, b = memory_stream_pair()
-    assert nowait_sender(a) is None
+    assert adopt_tcp_stream(a) is a
     await a.aclose()
     await b.aclose()
 
@@ -79,7 +79,10 @@ async def test_a_tls_stream_has_no_write_without_waiting(
     listener = await start_server(node, ListenerSettings(port=0, tls=tls))
     stream = await connect_stream(listener.url, tls=TlsSettings(ca=certificates.ca))
     try:
-        assert nowait_sender(stream) is None
+        assert not isinstance(stream, AsyncioTcpStream)  # TLS on top of it
+        assert not Connection(
+            stream, LinkProtocol(Role.CLIENT, max_frame_size=1024), "x"
+        ).writes_nowait
     finally:
         await stream.aclose()
 
