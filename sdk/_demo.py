@@ -147,7 +147,7 @@ async def demo() -> None:
 
 
 async def guaranteed_demo() -> None:
-    _say("Guaranteed messaging: a durable queue across a restart (SPEC 4)")
+    _say("Guaranteed messaging: a durable queue across a restart, TTL and a DMQ (SPEC 4)")
     with tempfile.TemporaryDirectory() as data_dir:
         async with Node(name="demo", data_dir=data_dir) as node:
             node.guaranteed.create_queue("orders", subscriptions=["orders/>"], max_messages=3)
@@ -172,6 +172,25 @@ async def guaranteed_demo() -> None:
                         f"  recovered {message.payload.decode()!r} "
                         f"redelivered={message.redelivered}"
                     )
+            # TTL with nobody consuming: the sweep moves the message to the dead
+            # message queue, in one store commit.
+            node.guaranteed.create_queue("quotes-dmq")
+            node.guaranteed.create_queue(
+                "quotes",
+                subscriptions=["quotes/>"],
+                respect_ttl=True,
+                dead_message_queue="quotes-dmq",
+            )
+            started = anyio.current_time()
+            await node.connect().send("quotes/ACME", "ACME 101.5", ttl=0.05)
+            async with await node.connect().bind("quotes-dmq") as dead:
+                with anyio.fail_after(5):
+                    expired = await dead.receive()
+                dead.ack(expired)
+            print(
+                f"  {expired.payload.decode()!r} (TTL 50 ms, no consumer) reached 'quotes-dmq'"
+                f" after {anyio.current_time() - started:.1f} s, moved by the TTL sweep"
+            )
 
 
 async def remote_demo() -> None:

@@ -35,6 +35,7 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "4 orders sent in one commit: ['ok', 'ok', 'ok', 'PublishRejectedError']" in out
     assert "recovered 'order 2' redelivered=True" in out
     assert "recovered 'order 3' redelivered=False" in out
+    assert "'ACME 101.5' (TTL 50 ms, no consumer) reached 'quotes-dmq'" in out
     # remote sessions: certificate logins over TLS, refusal without one, both delivery modes
     assert (
         "over plain TCP: connect denied for user 'sensor': VPN requires a client certificate" in out
