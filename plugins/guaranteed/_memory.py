@@ -34,6 +34,7 @@ from ._store import (
     validate_ids,
     validate_messages,
     validate_page,
+    validate_put_and_ack,
 )
 
 __all__ = ["MemoryStore"]
@@ -111,9 +112,7 @@ class MemoryStore(SpoolStore):
         self, messages: Sequence[NewMessage], endpoint: str, message_ids: Iterable[int]
     ) -> list[int]:
         self._check_open()
-        validate_endpoint(endpoint)
-        acked = validate_ids(message_ids)
-        encoded = validate_messages(messages)
+        acked, encoded = validate_put_and_ack(messages, endpoint, message_ids)
         await checkpoint_if_cancelled()
         ids = self._store(messages, encoded)  # both before any yield: one change
         self._remove(endpoint, acked)

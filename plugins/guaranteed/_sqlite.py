@@ -65,6 +65,7 @@ from ._store import (
     validate_ids,
     validate_messages,
     validate_page,
+    validate_put_and_ack,
 )
 
 __all__ = ["SqliteStore"]
@@ -369,9 +370,7 @@ class SqliteStore(SpoolStore):
         self, messages: Sequence[NewMessage], endpoint: str, message_ids: Iterable[int]
     ) -> list[int]:
         self._check_open()
-        validate_endpoint(endpoint)
-        acked = validate_ids(message_ids)
-        encoded = validate_messages(messages)
+        acked, encoded = validate_put_and_ack(messages, endpoint, message_ids)
         await checkpoint_if_cancelled()
         self._check_open()
         rows, refs, delta, ids, persistent = self._new_rows(messages, encoded)

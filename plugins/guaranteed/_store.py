@@ -237,9 +237,7 @@ class SpoolStore(abc.ABC):
         leaves the message in both; a store that commits in transactions should
         override it with one commit.
         """
-        validate_endpoint(endpoint)
-        ids = validate_ids(message_ids)
-        validate_messages(messages)
+        ids, _ = validate_put_and_ack(messages, endpoint, message_ids)
         stored = await self.put_many(messages)
         await self.ack(endpoint, ids)
         return stored
@@ -375,6 +373,16 @@ def validate_page(after_id: int, limit: int, max_bytes: int | None) -> None:
             raise TypeError(f"max_bytes must be an int or None, not {type(max_bytes).__name__}")
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
+
+
+def validate_put_and_ack(
+    messages: Sequence[NewMessage], endpoint: str, message_ids: Iterable[int]
+) -> tuple[list[int], list[str]]:
+    """Check the arguments of :meth:`SpoolStore.put_and_ack`; return the ids to ack as a
+    list and the messages' encoded headers (see :func:`validate_messages`)."""
+    validate_endpoint(endpoint)
+    ids = validate_ids(message_ids)
+    return ids, validate_messages(messages)
 
 
 def validate_expired_read(after_id: int, now: float, limit: int) -> None:

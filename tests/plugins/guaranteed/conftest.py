@@ -34,3 +34,29 @@ async def store(make_store: StoreFactory, anyio_backend: object) -> AsyncIterato
 def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
     """``None`` runs the node on a MemoryStore, a directory on a SqliteStore."""
     return tmp_path / "data" if request.param == "sqlite" else None
+
+
+class BaseDefaultsStore(MemoryStore):
+    """A store that keeps the base class's defaults for what :class:`SpoolStore` does
+    not require (a filtered scan for ``read_expired``, a put then an ack for
+    ``put_and_ack``), as a third-party store may."""
+
+    read_expired = SpoolStore.read_expired
+    put_and_ack = SpoolStore.put_and_ack
+
+
+@pytest.fixture(params=["memory", "sqlite", "base defaults"])
+async def any_store(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: object
+) -> AsyncIterator[SpoolStore]:
+    """An open store of each kind, the base class's defaults included, checked after."""
+    made: SpoolStore
+    if request.param == "memory":
+        made = MemoryStore()
+    elif request.param == "sqlite":
+        made = SqliteStore(tmp_path / "spool.db")
+    else:
+        made = BaseDefaultsStore()
+    async with made:
+        yield made
+        await made.check()

@@ -8,7 +8,6 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -21,27 +20,10 @@ from meshbus.plugins.guaranteed._store import EndpointStats, NewMessage, SpoolSt
 CHILD = Path(__file__).with_name("_move_child.py")
 
 
-class TwoStepStore(MemoryStore):
-    """Keeps the base class's ``put_and_ack`` (a put, then an ack), as a third-party
-    store without transactions would."""
-
-    put_and_ack = SpoolStore.put_and_ack
-
-
-@pytest.fixture(params=["memory", "sqlite", "default"])
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: object
-) -> AsyncIterator[SpoolStore]:
-    made: SpoolStore
-    if request.param == "memory":
-        made = MemoryStore()
-    elif request.param == "sqlite":
-        made = SqliteStore(tmp_path / "spool.db")
-    else:
-        made = TwoStepStore()
-    async with made:
-        yield made
-        await made.check()
+@pytest.fixture
+def store(any_store: SpoolStore) -> SpoolStore:
+    """Every store kind, the base class's defaults included (``conftest.any_store``)."""
+    return any_store
 
 
 def dead(payload: bytes) -> NewMessage:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,27 +16,10 @@ from meshbus.plugins.guaranteed._sqlite import _READ_EXPIRED, SqliteStore
 from meshbus.plugins.guaranteed._store import NewMessage, SpoolEntry, SpoolStore
 
 
-class ScanningStore(MemoryStore):
-    """A store that keeps the base class's ``read_expired`` (a filtered scan), as a
-    third-party store without an expiry index would."""
-
-    read_expired = SpoolStore.read_expired
-
-
-@pytest.fixture(params=["memory", "sqlite", "default"])
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: object
-) -> AsyncIterator[SpoolStore]:
-    made: SpoolStore
-    if request.param == "memory":
-        made = MemoryStore()
-    elif request.param == "sqlite":
-        made = SqliteStore(tmp_path / "spool.db")
-    else:
-        made = ScanningStore()
-    async with made:
-        yield made
-        await made.check()
+@pytest.fixture
+def store(any_store: SpoolStore) -> SpoolStore:
+    """Every store kind, the base class's defaults included (``conftest.any_store``)."""
+    return any_store
 
 
 def ids_of(page: list[SpoolEntry]) -> list[int]:
