@@ -8,8 +8,9 @@ when the buffer is empty, and then drains without further checkpoints.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -26,6 +27,7 @@ class Egress:
         "_bytes",
         "_closed",
         "_discard_pending",
+        "_new_waiter",
         "_queue",
         "_waiter",
         "discarded",
@@ -42,7 +44,8 @@ class Egress:
         self.max_bytes = max_bytes
         self.discarded = 0
         self._discard_pending = False
-        self._waiter: anyio.Event | None = None
+        self._waiter: _Waiter | None = None
+        self._new_waiter: Callable[[], _Waiter] | None = None  # chosen at the first wait
         self._closed = False
         #: Called (by the consumer's take) when the buffer becomes empty; eliding's
         #: congestion mode releases what it held back then.
@@ -121,8 +124,16 @@ class Egress:
                 raise StateError("session is closed")
             waiter = self._waiter
             if waiter is None:
-                waiter = self._waiter = anyio.Event()
-            await waiter.wait()
+                new_waiter = self._new_waiter
+                if new_waiter is None:
+                    new_waiter = self._new_waiter = _waiter_factory()
+                waiter = self._waiter = new_waiter()
+            try:
+                await waiter.wait()
+            except BaseException:
+                if self._waiter is waiter:
+                    self._waiter = None  # cancelled: nobody waits on it any more
+                raise
         message = self.get_nowait()
         assert message is not None
         return message
@@ -136,3 +147,62 @@ class Egress:
         if waiter is not None:
             self._waiter = None
             waiter.set()
+
+
+class _Waiter:
+    """What the consumer waits on while the buffer is empty: ``set()`` wakes it."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        raise NotImplementedError
+
+    def wait(self) -> Awaitable[object]:
+        raise NotImplementedError
+
+
+class _FutureWaiter(_Waiter):
+    """On asyncio: a bare future of the loop, awaited directly. Cheaper to make and to
+    wake than an event, and the consumer waits once per empty buffer."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self._future = future
+
+    def set(self) -> None:
+        future = self._future
+        if not future.done():
+            future.set_result(None)
+
+    def wait(self) -> Awaitable[object]:
+        return self._future
+
+
+class _EventWaiter(_Waiter):
+    """Any other backend (trio): an anyio event."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def wait(self) -> Awaitable[object]:
+        return self._event.wait()
+
+
+def _waiter_factory() -> Callable[[], _Waiter]:
+    """How waiters are made on the running event loop (a buffer keeps its loop)."""
+    try:
+        import sniffio  # trio needs it, so it is there whenever trio runs
+    except ImportError:
+        on_asyncio = True  # anyio's own rule: without sniffio, a running loop is asyncio
+    else:
+        on_asyncio = sniffio.current_async_library() == "asyncio"
+    if on_asyncio:
+        create_future = asyncio.get_running_loop().create_future
+        return lambda: _FutureWaiter(create_future())
+    return _EventWaiter

@@ -552,6 +552,23 @@ async def test_receive_waits_for_a_message(meshbus_node: Node) -> None:
     assert sub.statistics().delivered == 1
 
 
+async def test_a_cancelled_receive_leaves_the_next_one_working(meshbus_node: Node) -> None:
+    """A consumer that gave up waiting (a timeout) is no longer counted as waiting, and
+    the next receive waits afresh: cancelling a wait must not spoil the buffer's waiter."""
+    sub = meshbus_node.connect()
+    sub.subscribe("t")
+    pub = meshbus_node.connect()
+    for attempt in range(3):
+        with anyio.move_on_after(0.01):
+            await sub.receive()
+        assert not sub.egress.consumer_waiting
+        with anyio.fail_after(2):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_publish_later, pub)
+                message = await sub.receive()
+        assert message.payload == b"later", attempt
+
+
 async def _publish_later(pub: Session) -> None:
     await anyio.wait_all_tasks_blocked()
     pub.publish("t", b"later")
