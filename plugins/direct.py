@@ -78,7 +78,22 @@ class DirectRouter:
                 if session is origin and session.no_local:
                     skipped = 1
                     continue
-                session.deliver(message)
+                egress = session.direct_egress
+                if egress is None:  # a handler, a stage (eliding) or a closed session
+                    session._deliver(message)  # what the ``deliver`` property returns
+                    continue
+                # Egress.push inlined, the common case without a call (keep them in step).
+                queue = egress._queue
+                queue.append(message)
+                size = egress._bytes + len(message.payload)
+                egress._bytes = size
+                if size > egress.max_bytes or len(queue) > egress.max_messages:
+                    egress._shed()
+                if egress._waiter is not None:
+                    if egress.on_ready is None:
+                        egress.wake()
+                    else:
+                        egress.on_ready()
             return len(targets) - skipped
 
         return route

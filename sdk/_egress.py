@@ -65,6 +65,7 @@ class Egress:
 
     def push(self, message: Message) -> None:
         """Append ``message``, discarding the oldest if over the limits. Never blocks."""
+        # The direct router inlines this body (plugins/direct.py): keep them in step.
         queue = self._queue
         queue.append(message)
         size = self._bytes + len(message.payload)

@@ -114,10 +114,28 @@ class Session:
         else:
             self._handler = on_message  # type: ignore[assignment]
             self.sink = self._call_handler
-        #: The entry point of direct deliveries: ``session.deliver(message)``. It is
-        #: :attr:`sink` unless a plugin put a stage in front (eliding does, when the
-        #: session opens); a stage ends by calling :attr:`sink`.
-        self.deliver: Callable[[Message], None] = self.sink
+        self._deliver: Callable[[Message], None] = self.sink
+        #: The egress buffer the direct router appends to itself, skipping the call to
+        #: :attr:`deliver`; ``None`` unless :attr:`deliver` is that buffer's own push
+        #: (no handler, no stage, not closed). Assigning :attr:`deliver` keeps it so.
+        self.direct_egress: Egress | None = self._egress if self._handler is None else None
+
+    @property
+    def deliver(self) -> Callable[[Message], None]:
+        """The entry point of direct deliveries: ``session.deliver(message)``.
+
+        It is :attr:`sink` unless a plugin put a stage in front (eliding does, when
+        the session opens); a stage ends by calling :attr:`sink`. A plugin puts its
+        stage here by assigning this attribute, which also tells the direct router
+        that it can no longer append to the egress buffer itself.
+        """
+        return self._deliver
+
+    @deliver.setter
+    def deliver(self, stage: Callable[[Message], None]) -> None:
+        self._deliver = stage
+        plain = stage is self.sink and self._handler is None and not self.closed
+        self.direct_egress = self._egress if plain else None
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshbus import (
+    ClientProfile,
     ConfigurationError,
     Envelope,
     Message,
@@ -23,13 +24,16 @@ def drain(session: Session) -> list[Message]:
 
 
 class FakeSession:
-    """Just enough of a session for the router: ``deliver`` and ``no_local``."""
+    """Just enough of a session for the router: ``_deliver`` (what ``Session.deliver``
+    returns), ``no_local`` and no ``direct_egress`` (so every delivery is a call)."""
+
+    direct_egress = None
 
     def __init__(self, no_local: bool = False) -> None:
         self.no_local = no_local
         self.got: list[str] = []
 
-    def deliver(self, message: Message) -> None:
+    def _deliver(self, message: Message) -> None:
         self.got.append(message.topic)
 
 
@@ -136,6 +140,67 @@ async def test_closing_a_session_removes_it_from_the_router(meshbus_node: Node) 
     sub.close()
     assert len(router.index) == 0
     assert router.refcounts == {}
+
+
+async def test_the_router_appends_itself_only_while_nothing_stands_before_the_buffer(
+    meshbus_node: Node,
+) -> None:
+    """The router skips ``deliver`` for a session whose deliveries go straight into its
+    egress buffer; a handler, a stage a plugin put in front, or a close stop that."""
+    plain = meshbus_node.connect()
+    assert plain.direct_egress is plain.egress
+
+    async def consume(message: Message) -> None:
+        pass
+
+    assert meshbus_node.connect(on_message=consume).direct_egress is not None  # pump reads it
+    assert meshbus_node.connect(on_message=lambda m: None).direct_egress is None
+
+    staged: list[bytes] = []
+
+    def stage(message: Message) -> None:  # what a plugin's delivery stage does
+        staged.append(message.payload)
+        plain.sink(message)
+
+    plain.subscribe("t")
+    publisher = meshbus_node.connect()
+    plain.deliver = stage
+    assert plain.direct_egress is None
+    publisher.publish("t", b"through the stage")
+    plain.deliver = plain.sink  # the stage removed again
+    assert plain.direct_egress is plain.egress
+    publisher.publish("t", b"straight in")
+    assert staged == [b"through the stage"]
+    assert [m.payload for m in drain(plain)] == [b"through the stage", b"straight in"]
+    assert plain.statistics().delivered == 2
+    plain.close()
+    assert plain.direct_egress is None
+
+
+async def test_a_session_closed_during_a_route_gets_nothing_more(meshbus_node: Node) -> None:
+    """An inline handler that closes another matching session mid-route: the router
+    still holds it in its match, and its buffer takes nothing afterwards."""
+    later = meshbus_node.connect(client_name="later")
+
+    def closer(message: Message) -> None:
+        later.close()
+
+    first = meshbus_node.connect(client_name="first", on_message=closer)
+    first.subscribe("t")  # subscribed first, so delivered to first
+    later.subscribe("t")
+    router = meshbus_node.vpn().stash[ROUTER]
+    assert list(router.index.match("t")) == [first, later]
+    meshbus_node.connect().publish("t", b"x")
+    assert later.closed
+    assert len(later.egress) == 0
+
+
+async def test_an_eliding_session_is_never_appended_to_directly(meshbus_node: Node) -> None:
+    profile = ClientProfile("eliding", eliding_enabled=True, eliding_delay_ms=0)
+    meshbus_node.vpn().add_client_profile(profile)
+    meshbus_node.vpn().add_user("eliding", client_profile="eliding")
+    session = meshbus_node.connect(username="eliding")
+    assert session.direct_egress is None  # the elider's stage stands in front
 
 
 async def test_shared_subscriptions_are_not_handled_by_direct() -> None:
