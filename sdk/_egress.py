@@ -150,19 +150,7 @@ class Egress:
             waiter.set()
 
 
-class _Waiter:
-    """What the consumer waits on while the buffer is empty: ``set()`` wakes it."""
-
-    __slots__ = ()
-
-    def set(self) -> None:
-        raise NotImplementedError
-
-    def wait(self) -> Awaitable[object]:
-        raise NotImplementedError
-
-
-class _FutureWaiter(_Waiter):
+class _FutureWaiter:
     """On asyncio: a bare future of the loop, awaited directly. Cheaper to make and to
     wake than an event, and the consumer waits once per empty buffer."""
 
@@ -180,7 +168,7 @@ class _FutureWaiter(_Waiter):
         return self._future
 
 
-class _EventWaiter(_Waiter):
+class _EventWaiter:
     """Any other backend (trio): an anyio event."""
 
     __slots__ = ("_event",)
@@ -193,6 +181,10 @@ class _EventWaiter(_Waiter):
 
     def wait(self) -> Awaitable[object]:
         return self._event.wait()
+
+
+_Waiter = _FutureWaiter | _EventWaiter
+"""What the consumer waits on while the buffer is empty: ``set()`` wakes it."""
 
 
 def _waiter_factory() -> Callable[[], _Waiter]:
