@@ -240,13 +240,6 @@ async def test_a_password_does_not_replace_the_certificate(
             pass
 
 
-# A client whose TLS handshake fails leaks its TCP socket (see the xfail test below):
-# these tests collect it themselves, so that the ResourceWarning is raised (and ignored)
-# here and not in whichever test happens to run the garbage collector next.
-ignore_leak = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
-
-@ignore_leak
 async def test_client_trusting_another_ca_fails_on_the_certificate(
     node: Node, tls_server: Server, certificates: Certificates
 ) -> None:
@@ -254,11 +247,9 @@ async def test_client_trusting_another_ca_fails_on_the_certificate(
     with pytest.raises(TransportError, match="certificate"):
         async with connect(tls_server.url, vpn="certs", tls=tls):
             pass
-    gc.collect()
     assert tls_server.statistics().logins == 0
 
 
-@ignore_leak
 async def test_server_certificate_from_another_ca_is_not_trusted(
     node: Node, certificates: Certificates
 ) -> None:
@@ -270,10 +261,8 @@ async def test_server_certificate_from_another_ca_is_not_trusted(
     with pytest.raises(TransportError, match="certificate"):
         async with connect(server.url, tls=client_tls(certificates)):
             pass
-    gc.collect()
 
 
-@ignore_leak
 async def test_server_hostname_is_checked(
     node: Node, optional_tls_server: Server, certificates: Certificates
 ) -> None:
@@ -281,7 +270,6 @@ async def test_server_hostname_is_checked(
     with pytest.raises(TransportError, match="certificate"):
         async with connect(optional_tls_server.url, tls=wrong):
             pass
-    gc.collect()
     by_name = client_tls(certificates, server_hostname="localhost")
     async with connect(optional_tls_server.url, tls=by_name) as session:
         await check_messages_flow(session)
