@@ -633,6 +633,8 @@ async def pipeline_size(
 def progress_recorder() -> Any:
     from pyspark.sql.streaming import StreamingQueryListener
 
+    from meshbus.contrib.spark._listener import committed_offsets
+
     class ProgressRecorder(StreamingQueryListener):
         """Records (time.time(), query id, next of the meshbus source) per progress event."""
 
@@ -648,15 +650,8 @@ def progress_recorder() -> Any:
             progress = event.progress
             trigger_ms = int(progress.durationMs.get("triggerExecution", 0))
             self.durations.append((str(progress.id), int(progress.numInputRows), trigger_ms))
-            for source in progress.sources:
-                try:
-                    end = json.loads(source.endOffset) if source.endOffset else None
-                except (TypeError, ValueError):
-                    continue
-                if isinstance(end, dict) and "meshbusStream" in end:
-                    self.events.append(
-                        (now, str(progress.id), int(end["next"]), int(progress.numInputRows))
-                    )
+            for _stream, _consumer, next_offset in committed_offsets(progress):
+                self.events.append((now, str(progress.id), next_offset, int(progress.numInputRows)))
 
         def onQueryIdle(self, event: Any) -> None:
             pass
