@@ -91,8 +91,10 @@ class Message:
     """The body, as bytes."""
     sender: str | None
     """Client name of the publishing session, or ``None`` for system messages."""
-    timestamp: float
-    """Wall-clock publish time, seconds since the epoch (from the node's clock)."""
+    timestamp: float | None
+    """Wall-clock publish time, seconds since the epoch, from the node's clock; ``None``
+    for a direct message from a session opened without ``timestamps=True``. A
+    guaranteed message carries the time the node took it."""
     options: MessageOptions
     """The rarely changed settings, shared between messages that have the same."""
 
@@ -106,7 +108,7 @@ class Message:
         reply_to: str | None = None,
         correlation_id: str | None = None,
         sender: str | None = None,
-        timestamp: float = 0.0,
+        timestamp: float | None = None,
         discard_indication: bool = False,
         redelivered: bool = False,
         message_id: int | None = None,
@@ -213,7 +215,11 @@ _new = object.__new__
 
 
 def make_message(
-    topic: str, payload: bytes, sender: str | None, timestamp: float, options: MessageOptions
+    topic: str,
+    payload: bytes,
+    sender: str | None,
+    timestamp: float | None,
+    options: MessageOptions,
 ) -> Message:
     """The publish path's constructor: five slot stores, no argument processing."""
     message: Message = _new(Message)

@@ -155,12 +155,16 @@ class Node:
         client_name: str | None = None,
         no_local: bool = False,
         on_message: MessageHandler | None = None,
+        timestamps: bool = False,
     ) -> Session:
         """Log in to a VPN and open a session (also usable as ``async with``).
 
         :param on_message: a function called with each message, inline with the
             publish, or an ``async`` function awaited by one task per session;
             ``None`` buffers messages for :meth:`Session.receive`.
+        :param timestamps: stamp the direct messages this session publishes with the
+            node clock's time (:attr:`Message.timestamp`); without it they carry
+            ``None``. Guaranteed messages are always stamped.
         :raises AuthenticationError: the login was refused (also: no VPN of that name).
         :raises StateError: the node is not running, or the client name is in use.
         """
@@ -173,6 +177,7 @@ class Node:
             client_name=client_name,
             no_local=no_local,
             on_message=on_message,
+            timestamps=timestamps,
         )
 
     # --- lifecycle ----------------------------------------------------------------

@@ -73,6 +73,7 @@ class Session:
         acl_profile: AclProfile,
         no_local: bool,
         on_message: MessageHandler | None,
+        timestamps: bool = False,
     ) -> None:
         self.vpn = vpn
         self.client_name = client_name
@@ -81,6 +82,9 @@ class Session:
         self.client_profile = client_profile
         self.acl_profile = acl_profile
         self.no_local = no_local
+        #: Whether this session's direct messages carry the node clock's time of publish
+        #: (off by default: reading the clock is a good part of a publish's cost).
+        self.timestamps = timestamps
         self.stash = Stash()
         self.closed = False
         self._acl = AclChecker(acl_profile, username, client_name)
@@ -190,7 +194,7 @@ class Session:
         message.topic = topic  # type: ignore[misc]
         message.payload = payload  # type: ignore[misc]
         message.sender = self.client_name  # type: ignore[misc]
-        message.timestamp = self._time()  # type: ignore[misc]
+        message.timestamp = self._time() if self.timestamps else None  # type: ignore[misc]
         message.options = options  # type: ignore[misc]
         self.published += 1
         # Inlined Vpn.dispatch: this is the per-message path.

@@ -181,6 +181,7 @@ class Vpn:
         client_name: str | None = None,
         no_local: bool = False,
         on_message: MessageHandler | None = None,
+        timestamps: bool = False,
         certificate_name: str | None = None,
     ) -> Session:
         """Log in and open a session (see :meth:`meshbus.Node.connect`).
@@ -211,7 +212,9 @@ class Vpn:
         except (AccessDeniedError, ConfigurationError):
             self.login_failures += 1
             raise
-        session = Session(self, client_name, user, username, profile, acl, no_local, on_message)
+        session = Session(
+            self, client_name, user, username, profile, acl, no_local, on_message, timestamps
+        )
         self._sessions[client_name] = session
         if session._async_handler is not None:
             self.node.task_group.start_soon(session._pump, name=f"meshbus pump {client_name}")

@@ -292,6 +292,7 @@ def test_pub_sub_queues_and_stats_across_processes(setup: Setup, start: Start) -
         *setup.options(),
         "--client-name",
         "gauge",
+        "--timestamps",
         "plant/boiler/pressure",
         "2.4 bar",
         "-n",
@@ -307,6 +308,7 @@ def test_pub_sub_queues_and_stats_across_processes(setup: Setup, start: Start) -
         assert message["payload"] == "2.4 bar"
         assert message["sender"] == "gauge"
         assert message["delivery_mode"] == "direct"
+        assert abs(message["timestamp"] - time.time()) < 60  # stamped by the node
 
     # Guaranteed messages: spooled by the queue, then consumed by a later process.
     pub = setup.command("pub", *setup.options(), "-g", "alarms/boiler", "pressure high", "-n", "3")
@@ -320,6 +322,7 @@ def test_pub_sub_queues_and_stats_across_processes(setup: Setup, start: Start) -
         ("alarms/boiler", "pressure high", "persistent")
     ] * 3
     assert all(m["sender"] for m in received)
+    assert all(abs(m["timestamp"] - time.time()) < 60 for m in received)
 
     # sub, pub, pub -g, sub --queue and this stats itself: 5 logins.
     stats = setup.statistics()

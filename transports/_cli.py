@@ -51,6 +51,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "-g", "--guaranteed", action="store_true", help="guaranteed (persistent) messages"
     )
     pub.add_argument("--header", action="append", default=[], metavar="KEY=VALUE")
+    pub.add_argument(
+        "-t",
+        "--timestamps",
+        action="store_true",
+        help="have the node stamp direct messages with its clock (guaranteed ones always are)",
+    )
     sub = commands.add_parser("sub", help="print messages from a running node")
     _connection_options(sub)
     sub.add_argument("subscriptions", nargs="*", help="topic filters (e.g. 'orders/>')")
@@ -73,6 +79,7 @@ def _session(args: argparse.Namespace) -> RemoteSession:
         username=args.username,
         password=args.password,
         client_name=args.client_name,
+        timestamps=getattr(args, "timestamps", False),
         tls=tls,
         compression=args.compression,
         reconnect=False,

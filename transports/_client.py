@@ -84,6 +84,7 @@ class RemoteSession:
         password: str | None = None,
         client_name: str | None = None,
         no_local: bool = False,
+        timestamps: bool = False,
         tls: TlsSettings | None = None,
         compression: bool = False,
         on_message: MessageHandler | None = None,
@@ -102,6 +103,7 @@ class RemoteSession:
         self._requested_name = client_name
         self.client_name: str | None = client_name
         self.no_local = no_local
+        self.timestamps = timestamps
         self.tls = tls
         self.compression = compression
         self.reconnect = reconnect
@@ -220,6 +222,8 @@ class RemoteSession:
         connection = Connection(stream, protocol, self.url)
         try:
             hello: dict[str, Any] = {"vpn": self.vpn, "no_local": self.no_local}
+            if self.timestamps:
+                hello["timestamps"] = True
             if self.username is not None:
                 hello["username"] = self.username
             if self._password is not None:
@@ -751,6 +755,7 @@ def connect(
     password: str | None = None,
     client_name: str | None = None,
     no_local: bool = False,
+    timestamps: bool = False,
     tls: TlsSettings | None = None,
     compression: bool = False,
     on_message: MessageHandler | None = None,
@@ -767,6 +772,8 @@ def connect(
 
     :param url: ``tcp://host:port`` or ``tls://host:port``.
     :param username: without one, a client certificate's name (TLS) or ``"default"``.
+    :param timestamps: the node stamps the direct messages this session publishes
+        with its clock's time (see :meth:`meshbus.Node.connect`).
     :param tls: trust, certificate and checks for ``tls://`` (default: system CAs).
     :param compression: ask the node to compress the connection (zlib).
     :param reconnect: after a lost connection, reconnect with backoff (the first
@@ -781,6 +788,7 @@ def connect(
         password=password,
         client_name=client_name,
         no_local=no_local,
+        timestamps=timestamps,
         tls=tls,
         compression=compression,
         on_message=on_message,

@@ -224,8 +224,8 @@ def _message(
         raise ProtocolError("message topic must be a string")
     if sender is not None and type(sender) is not str:
         raise ProtocolError("message sender must be a string or null")
-    if type(timestamp) is not float and (type(timestamp) is not int):
-        raise ProtocolError("message timestamp must be a number")
+    if timestamp is not None and type(timestamp) is not float and type(timestamp) is not int:
+        raise ProtocolError("message timestamp must be a number or null")
     message = _new(Message)
     message.topic = topic  # type: ignore[misc]
     message.payload = payload  # type: ignore[misc]
@@ -336,7 +336,11 @@ def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
         if (
             type(topic) is not str
             or (sender is not None and type(sender) is not str)
-            or (type(timestamp) is not float and type(timestamp) is not int)
+            or (
+                timestamp is not None
+                and type(timestamp) is not float
+                and type(timestamp) is not int
+            )
         ):
             raise ProtocolError("DELIVER_BATCH entry has a malformed topic, sender or timestamp")
         end = offset + size

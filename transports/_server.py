@@ -203,12 +203,15 @@ class Server:
             password = hello.get("password")
             client_name = hello.get("client_name")
             no_local = hello.get("no_local", False)
+            timestamps = hello.get("timestamps", False)
             if password is not None and not isinstance(password, str):
                 raise ProtocolError("HELLO password must be a string")
             if client_name is not None and not isinstance(client_name, str):
                 raise ProtocolError("HELLO client_name must be a string")
             if not isinstance(no_local, bool):
                 raise ProtocolError("HELLO no_local must be a boolean")
+            if not isinstance(timestamps, bool):
+                raise ProtocolError("HELLO timestamps must be a boolean")
             target = self.node.vpns.get(vpn)
             if target is None:
                 raise AuthenticationError(username, f"no Message VPN named {vpn!r}")
@@ -217,6 +220,7 @@ class Server:
                 password=password,
                 client_name=client_name,
                 no_local=no_local,
+                timestamps=timestamps,
                 certificate_name=certificate_name,
             )
         except ProtocolError as exc:

@@ -364,6 +364,7 @@ class GuaranteedService(GuaranteedMessaging):
     def router_for(self, vpn: Vpn) -> Any:
         index = self._indexes.setdefault(vpn.name, SubscriptionIndex())
         outbox = self._outbox
+        clock_time = self.node.clock.time
 
         def route(envelope: Envelope) -> int:
             if envelope.spooled:
@@ -392,7 +393,9 @@ class GuaranteedService(GuaranteedMessaging):
                             },
                             False,
                             None,
-                            message.timestamp,
+                            # Spooled messages are always stamped: now, if the publisher
+                            # did not ask for timestamps.
+                            clock_time() if message.timestamp is None else message.timestamp,
                         ),
                         accepted,
                     )

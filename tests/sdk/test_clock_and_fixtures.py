@@ -53,11 +53,12 @@ async def test_message_timestamps_come_from_the_node_clock(
     meshbus_node: Node, meshbus_clock: ManualClock, meshbus_session: Session
 ) -> None:
     meshbus_session.subscribe("t")
+    stamping = meshbus_node.connect(client_name="stamping", timestamps=True)
     meshbus_clock.advance(42)
-    meshbus_session.publish("t", b"x")
+    stamping.publish("t", b"x")
     msg = meshbus_session.receive_nowait()
     assert msg is not None
     assert msg.timestamp == meshbus_clock.time() == 1_700_000_042.0
-    assert msg.sender == "test-session"
+    assert msg.sender == "stamping"
     assert meshbus_node.running
     assert meshbus_node.plugins.names() == list(DEFAULT_PLUGINS)

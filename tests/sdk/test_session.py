@@ -78,7 +78,7 @@ async def test_message_fields_come_from_the_publish(
 ) -> None:
     sub = meshbus_node.connect()
     sub.subscribe("t")
-    pub = meshbus_node.connect(client_name="sender-1")
+    pub = meshbus_node.connect(client_name="sender-1", timestamps=True)
     meshbus_clock.advance(5)
     pub.publish("t", "text payload", headers={"k": 1}, reply_to="replies/1", correlation_id="c-1")
     pub.publish("t", bytearray(b"ba"))
@@ -94,6 +94,23 @@ async def test_message_fields_come_from_the_publish(
     assert (second.payload, third.payload) == (b"ba", b"mv")
     assert type(second.payload) is bytes
     assert type(third.payload) is bytes
+
+
+async def test_direct_messages_carry_no_timestamp_unless_the_session_asks(
+    meshbus_node: Node, meshbus_clock: ManualClock
+) -> None:
+    sub = meshbus_node.connect()
+    sub.subscribe("t")
+    plain = meshbus_node.connect(client_name="plain")
+    stamping = meshbus_node.connect(client_name="stamping", timestamps=True)
+    assert (plain.timestamps, stamping.timestamps) == (False, True)
+    plain.publish("t", b"1")
+    meshbus_clock.advance(3)
+    stamping.publish("t", b"2", headers={"k": 1})  # the path with options, too
+    plain.publish("t", b"3", correlation_id="c")
+    first, second, third = drain(sub)
+    assert (first.timestamp, third.timestamp) == (None, None)
+    assert second.timestamp == meshbus_clock.time()
 
 
 async def test_payload_of_another_type_is_a_type_error_and_publishes_nothing(

@@ -54,7 +54,9 @@ json_values = st.recursive(
     max_leaves=10,
 )
 header_maps = st.dictionaries(texts, json_values, max_size=5)
-timestamps = st.floats(min_value=0, max_value=4e9, allow_nan=False) | st.integers(0, 2**40)
+timestamps = (
+    st.floats(min_value=0, max_value=4e9, allow_nan=False) | st.integers(0, 2**40) | st.none()
+)
 
 
 @st.composite
@@ -241,6 +243,16 @@ def test_a_sender_may_be_null_and_a_timestamp_an_integer() -> None:
     assert message.timestamp == 17
 
 
+def test_a_timestamp_may_be_null() -> None:
+    for message in (
+        decode_deliver(["t", "s", None], b"p"),
+        decode_deliver_batch([["t", "s", None, 1]], b"p")[0],
+    ):
+        assert message.timestamp is None
+    _, header, payload = decode(encode_deliver(Message("t", b"p")))
+    assert decode_deliver(header, payload).timestamp is None
+
+
 # --- flow deliver -----------------------------------------------------------------------------
 
 
@@ -286,7 +298,6 @@ def test_the_flow_message_id_is_the_one_in_the_frame() -> None:
         (["t", ["s"], 1.0], "message sender must be a string or null"),
         (["t", True, 1.0], "message sender must be a string or null"),
         (["t", None, "1"], "message timestamp must be a number"),
-        (["t", None, None], "message timestamp must be a number"),
         (["t", None, True], "message timestamp must be a number"),
         (["t", None, [1.0]], "message timestamp must be a number"),
         (["t", None, 1.0, None], "message options must be an object"),

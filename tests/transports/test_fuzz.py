@@ -281,7 +281,16 @@ def wrong_shapes(draw: st.DrawFn) -> Attack:
     """Well-framed headers of every kind with the wrong fields, or a HELLO of the wrong shape."""
     if draw(st.integers(0, 4)) == 0:
         fields = st.sampled_from(
-            ["vpn", "username", "password", "client_name", "no_local", "compression", "version"]
+            [
+                "vpn",
+                "username",
+                "password",
+                "client_name",
+                "no_local",
+                "timestamps",
+                "compression",
+                "version",
+            ]
         )
         hello = draw(st.dictionaries(fields, json_values, max_size=4))
         if draw(st.booleans()):
@@ -714,6 +723,27 @@ async def test_wrong_password_and_unknown_vpn_are_refused_with_a_clear_error_and
         assert welcome["vpn"] == "secure"
         assert server.statistics().logins == 1
         await client.hang_up()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("no_local", "yes"), ("timestamps", 1), ("client_name", 5), ("password", ["x"])],
+)
+async def test_a_login_field_of_the_wrong_type_fails_the_connection_naming_it(
+    caplog: pytest.LogCaptureFixture, field: str, value: object
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    async with serving() as (node, server, tg):
+        client = Client(server, tg, "typo")
+        client.protocol.hello({field: value})
+        await client.flush()
+        with anyio.fail_after(5):
+            await client.served.wait()  # the node hung up
+        [warning] = warnings_for(caplog, "typo")
+        assert f"HELLO {field} must be" in warning
+        stats = server.statistics()
+        assert (stats.failed, stats.logins, stats.open) == (1, 0, 0)
+        assert [s.client_name for s in node.vpn().sessions] == []
 
 
 async def test_a_header_too_deep_to_forward_closes_the_publisher_not_its_subscribers(

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -446,6 +447,27 @@ async def test_acl_denied_guaranteed_send_raises(node: Node, server: Server) -> 
         with pytest.raises(AccessDeniedError):
             await session.send("secret/plans", b"x")
         await session.send("public/news", b"y")  # no endpoint: acked and discarded
+
+
+async def test_timestamps_are_stamped_by_the_node_only_when_asked(server: Server) -> None:
+    async with (
+        connect(server.url, timestamps=True) as stamping,
+        connect(server.url) as plain,
+        connect(server.url) as sub,
+    ):
+        sub.subscribe("t")
+        await sub.confirm()
+        before = time.time()
+        stamping.publish("t", b"stamped")
+        await stamping.flush()
+        plain.publish("t", b"plain")
+        await plain.flush()
+        first, second = await receive(sub), await receive(sub)
+        after = time.time()
+    assert (first.payload, second.payload) == (b"stamped", b"plain")
+    assert first.timestamp is not None
+    assert before <= first.timestamp <= after
+    assert second.timestamp is None
 
 
 async def test_no_local(server: Server) -> None:

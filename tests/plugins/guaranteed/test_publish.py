@@ -6,6 +6,7 @@ without ``data_dir``) and on the SqliteStore (``Node(data_dir=...)``).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import anyio
@@ -512,6 +513,30 @@ async def test_direct_publish_matching_a_queue_is_spooled_non_persistent(
             await nothing_for(flow, 0.01)
         assert held(node, "q") == (0, 0)
         assert held(node, "other") == (1, 2)
+
+
+async def test_a_spooled_direct_message_always_carries_a_timestamp(
+    data_dir: Path | None,
+) -> None:
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
+        q = service(node).create_queue("q", subscriptions=["t"])
+        sub = node.connect()
+        sub.subscribe("t")
+        plain = node.connect(client_name="plain")
+        stamping = node.connect(client_name="stamping", timestamps=True)
+        before = time.time()
+        plain.publish("t", b"plain")
+        stamping.publish("t", b"stamping")
+        after = time.time()
+        direct = {m.payload: m.timestamp for m in await drain(sub)}
+        assert direct[b"plain"] is None
+        await spooled(q, 2)
+        async with await plain.bind("q") as flow:
+            first, second = await receive(flow), await receive(flow)
+        # Unstamped: the time the node spooled it. Stamped: the publisher's own stamp.
+        assert first.timestamp is not None
+        assert before <= first.timestamp <= after
+        assert second.timestamp == direct[b"stamping"]
 
 
 async def test_direct_publish_over_quota_is_discarded_without_error(
