@@ -335,7 +335,7 @@ def sealing_cost(messages: list[Message]) -> float:
 
 
 async def publish_events(node: Node, data: list[bytes]) -> None:
-    app = node.connect(client_name="app")
+    app = node.connect(client_name="app", timestamps=True)  # event time for the rows
     try:
         for i, payload in enumerate(data):
             app.publish(f"events/{i % TOPICS}", payload)
@@ -695,7 +695,7 @@ async def latency_phase(spark: Any, args: argparse.Namespace, work: Path, report
     recorder = progress_recorder()
     out, ck = work / "latency-out", work / "latency-ck"
     async with bridged_node(subscribe=["events/>"]) as (node, bridge):
-        app = node.connect(client_name="app")
+        app = node.connect(client_name="app", timestamps=True)
         await blocking(lambda: (bridge.attach(spark), spark.streams.addListener(recorder)))
         query = None
         try:

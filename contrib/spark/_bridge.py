@@ -143,6 +143,7 @@ class SparkBridge(Pipelines):
             username=self._username,
             password=self._password,
             client_name=f"{node.name}-spark-bridge",
+            timestamps=True,  # rows Spark writes carry the time they reached the bus
         )
         if node.data_dir is not None:
             self._sinks_file = node.data_dir / "spark-sinks.json"
@@ -272,6 +273,7 @@ class SparkBridge(Pipelines):
                 keep_handles=spec.queue is not None,
                 max_bytes=self.max_bytes,
                 sealer=self._sealer,
+                clock=node.clock.time,
             ),
         )
         if spec.queue is None:

@@ -34,8 +34,11 @@ __all__ = [
 #: Read columns in order; ``headers`` comes last and only with ``includeHeaders``.
 READ_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
 
-#: ``timestampType`` of every row: the publisher's clock (Kafka's CreateTime).
+#: ``timestampType`` of a row stamped by the publisher's node (Kafka's CreateTime).
 CREATE_TIME = 0
+#: ``timestampType`` of a row whose message came without a timestamp and was stamped
+#: when the bridge captured it (Kafka's LogAppendTime).
+LOG_APPEND_TIME = 1
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 HEADERS_TYPE = pa.list_(HEADER_TYPE)
@@ -128,11 +131,18 @@ def _int64s(values: array.array[int]) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
-def messages_to_batch(messages: Sequence[Message], first_offset: int) -> pa.RecordBatch:
+def messages_to_batch(
+    messages: Sequence[Message],
+    first_offset: int,
+    captured_at: Sequence[float | None] | None = None,
+) -> pa.RecordBatch:
     """Rows for ``messages``, numbered from ``first_offset``, with every column.
 
     ``key`` is the message's correlation ID (UTF-8), ``partition`` is 0, and
-    ``timestamp`` is the publish time from the node's clock.
+    ``timestamp`` is the publish time from the node's clock (``timestampType`` 0,
+    CreateTime). A message published without a timestamp gets its entry of
+    ``captured_at``, when the bridge took it, instead (``timestampType`` 1,
+    LogAppendTime); with no entry either, the row's timestamp is null.
 
     Per message this reads four attributes; key and headers are worked out once per
     distinct options object (most messages share one), and the numeric columns are
@@ -152,7 +162,17 @@ def messages_to_batch(messages: Sequence[Message], first_offset: int) -> pa.Reco
             pa.binary(),
         )
         headers = _headers_column(options)
-    micros = pc.multiply(pa.array([m.timestamp for m in messages], pa.float64()), 1_000_000.0)
+    stamps = [m.timestamp for m in messages]
+    if captured_at is None:
+        kinds = pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), n)
+    else:
+        codes = array.array("i", bytes(4 * n))  # CREATE_TIME (0) everywhere
+        for i, at in enumerate(captured_at):
+            if at is not None and stamps[i] is None:
+                stamps[i] = at
+                codes[i] = LOG_APPEND_TIME
+        kinds = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(codes)])
+    micros = pc.multiply(pa.array(stamps, pa.float64()), 1_000_000.0)
     columns = [
         keys,
         pa.array([m.payload for m in messages], pa.binary()),
@@ -160,7 +180,7 @@ def messages_to_batch(messages: Sequence[Message], first_offset: int) -> pa.Reco
         pa.repeat(pa.scalar(0, pa.int32()), n),
         _int64s(array.array("q", range(first_offset, first_offset + n))),
         pc.cast(pc.round(micros), pa.int64()).cast(_TIMESTAMP),
-        pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), n),
+        kinds,
         headers,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=_FULL_SCHEMA)

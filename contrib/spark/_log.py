@@ -15,7 +15,9 @@ bounded by ``max_bytes`` and drops its oldest segments (counted) when over it.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -38,6 +40,7 @@ class StreamLog:
     :param name: the stream's id, as it appears in checkpointed offsets.
     :param keep_handles: keep each message to acknowledge it later (queue streams).
     :param max_bytes: for streams without handles, the most Arrow bytes retained.
+    :param clock: what stamps a message that arrives without a timestamp.
     """
 
     def __init__(
@@ -47,8 +50,14 @@ class StreamLog:
         keep_handles: bool = False,
         max_bytes: int = 256 << 20,
         sealer: Sealer | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         self.name = name
+        self._clock = clock
+        # When each message without a timestamp was captured, by id() while it is in
+        # the tail (its row gets that time, as LogAppendTime). Set before the message
+        # enters the tail, popped when it is sealed: no lock needed.
+        self._captured_at: dict[int, float] = {}
         self._sealer = sealer
         self.keep_handles = keep_handles
         self.max_bytes = max_bytes
@@ -75,6 +84,8 @@ class StreamLog:
 
     def append(self, message: Message) -> None:
         """Add one message at the next offset (called from one thread: the node's loop)."""
+        if message.timestamp is None:
+            self._captured_at[id(message)] = self._clock()
         tail = self._tail
         if self.keep_handles:
             with self._lock:  # the handle's offset must agree with the tail's numbering
@@ -119,7 +130,11 @@ class StreamLog:
                 start = self._tail_start
                 self._tail_start += len(tail)
             if tail:
-                batch = messages_to_batch(tail, start)
+                captured_at = None
+                if self._captured_at:
+                    pop = self._captured_at.pop
+                    captured_at = [pop(id(m), None) for m in tail]
+                batch = messages_to_batch(tail, start, captured_at)
                 with self._lock:
                     self._segments.append((start, batch))
                     self.retained_bytes += batch.nbytes

@@ -107,14 +107,43 @@ def test_header_value(value: object, expected: bytes) -> None:
 
 def test_timestamp_is_utc_microseconds_of_the_publish_time() -> None:
     at = 1_700_000_000.123456
-    batch = messages_to_batch([Message("t", b"x", timestamp=at), Message("t", b"y")], 0)
+    batch = messages_to_batch(
+        [Message("t", b"x", timestamp=at), Message("t", b"y", timestamp=0.0)], 0
+    )
     column = batch.column("timestamp")
     assert column.type == pa.timestamp("us", tz="UTC")
     assert column.cast(pa.int64()).to_pylist() == [1_700_000_000_123_456, 0]
+    assert batch.column("timestampType").to_pylist() == [0, 0]
     stamp = column[0].as_py()
     assert stamp.utcoffset() is not None
     assert stamp.utcoffset().total_seconds() == 0
     assert stamp == datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=UTC)
+
+
+def test_a_message_without_timestamp_gets_its_capture_time_as_log_append_time() -> None:
+    messages = [
+        Message("t", b"a", timestamp=10.0),
+        Message("t", b"b"),
+        Message("t", b"c", timestamp=12.0),
+        Message("t", b"d"),
+    ]
+    batch = messages_to_batch(messages, 0, [None, 11.5, None, 13.25])
+    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [
+        10_000_000,
+        11_500_000,
+        12_000_000,
+        13_250_000,
+    ]
+    assert batch.column("timestampType").to_pylist() == [0, 1, 0, 1]
+    # A capture time never overrides the publisher's own; without either, null.
+    batch = messages_to_batch(messages, 0, [99.0, None, 99.0, None])
+    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [
+        10_000_000,
+        None,
+        12_000_000,
+        None,
+    ]
+    assert batch.column("timestampType").to_pylist() == [0, 0, 0, 0]
 
 
 def test_a_batch_without_headers_matches_the_narrow_schema() -> None:

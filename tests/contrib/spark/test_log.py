@@ -284,10 +284,12 @@ def test_a_read_waits_for_a_seal_in_progress(monkeypatch: pytest.MonkeyPatch) ->
     building = threading.Event()
     release = threading.Event()
 
-    def slow_batch(messages: list[Message], first: int) -> pa.RecordBatch:
+    def slow_batch(
+        messages: list[Message], first: int, captured_at: list[float | None] | None
+    ) -> pa.RecordBatch:
         building.set()
         release.wait(5)
-        return messages_to_batch(messages, first)
+        return messages_to_batch(messages, first, captured_at)
 
     log = StreamLog("s")
     fill(log, 0, 3)
@@ -303,6 +305,24 @@ def test_a_read_waits_for_a_seal_in_progress(monkeypatch: pytest.MonkeyPatch) ->
     reader.join(5)
     sealer.join(5)
     assert offsets(result[0]) == [0, 1, 2]
+
+
+def test_messages_without_timestamp_are_stamped_when_captured() -> None:
+    now = [100.0]
+    log = StreamLog("s", clock=lambda: now[0])
+    log.append(Message("t", b"a"))
+    now[0] = 101.0
+    log.append(Message("t", b"b", timestamp=50.0))
+    log.append(Message("t", b"c"))
+    now[0] = 200.0  # sealing later does not move the capture times
+    (batch,) = log.read(0, 3)
+    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [
+        100_000_000,
+        50_000_000,
+        101_000_000,
+    ]
+    assert batch.column("timestampType").to_pylist() == [1, 0, 1]
+    assert log._captured_at == {}  # nothing kept for sealed messages
 
 
 def test_advance_to_leaves_a_gap_that_later_messages_skip() -> None:

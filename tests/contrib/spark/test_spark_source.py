@@ -203,9 +203,9 @@ async def test_max_offsets_per_trigger_splits_batches(spark: Any, tmp_path: Path
 
 async def test_columns_key_headers_and_batch_read(spark: Any) -> None:
     async with running_bridge(subscribe=["c/>"]) as (node, bridge):
-        app = node.connect(client_name="app")
+        app = node.connect(client_name="app", timestamps=True)
         app.publish("c/one", b"\x00\x01", headers={"region": "eu", "n": 7}, correlation_id="k-1")
-        app.publish("c/two", "plain")
+        node.connect(client_name="plain").publish("c/two", "plain")  # no timestamp
         rows = await blocking(
             lambda: (
                 bridge.read(spark, subscribe="c/>", includeHeaders=True).orderBy("offset").collect()
@@ -219,10 +219,12 @@ async def test_columns_key_headers_and_batch_read(spark: Any) -> None:
             0,
             0,
         )
-        assert first.timestampType == 0
+        assert first.timestampType == 0  # stamped by the publisher's session
         assert first.timestamp is not None
         assert {h.key: h.value for h in first.headers} == {"region": b"eu", "n": b"7"}
         assert (second.key, second.value, second.headers) == (None, b"plain", [])
+        assert second.timestampType == 1  # stamped when the bridge captured it
+        assert second.timestamp >= first.timestamp
         plain = await blocking(lambda: bridge.read(spark, subscribe="c/>").columns)
         assert "headers" not in plain
         latest = await blocking(
