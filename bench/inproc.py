@@ -412,7 +412,8 @@ async def run(args: argparse.Namespace) -> None:
         f"inproc: meshbus publishes to {TOPIC!r}; 10 subscribers = 6 exact + "
         + ", ".join(repr(f) for f in FILTERS_10[6:])
         + f"; blinker and pypubsub receivers all on one signal/topic; async consumers "
-        f"use async for, the publisher sends batches of {BATCH} then anyio.sleep(0)"
+        f"use async for, the publisher sends batches of {BATCH} then anyio.sleep(0); "
+        "sessions on defaults (no timestamps)"
     )
     sys.stdout.flush()
 
@@ -535,6 +536,12 @@ async def steps(args: argparse.Namespace) -> None:
             "Session.publish, 1 callback subscriber (whole path)",
             _best_ns(loop(publisher.publish), n, rounds),
         )
+        stamping = node.connect(client_name="stamping", timestamps=True)
+        row(
+            "  the same from a session with timestamps=True",
+            _best_ns(loop(stamping.publish), n, rounds),
+        )
+        stamping.close()
 
         clock_time = node.clock.time
         direct, no_headers = DeliveryMode.DIRECT, _EMPTY_HEADERS
