@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._columns import messages_to_batch
+from ._columns import FIELDS, captured_to_batch
 from ._errors import OffsetsUnavailableError
 
 if TYPE_CHECKING:
@@ -54,19 +54,19 @@ class StreamLog:
     ):
         self.name = name
         self._clock = clock
-        # When each message without a timestamp was captured, by id() while it is in
-        # the tail (its row gets that time, as LogAppendTime). Set before the message
-        # enters the tail, popped when it is sealed: no lock needed.
-        self._captured_at: dict[int, float] = {}
+        # Set (before its capture) once a message arrives without a timestamp: from then
+        # on, seals read each row's timestampType instead of assuming CreateTime.
+        self._stamped_here = False
         self._sealer = sealer
         self.keep_handles = keep_handles
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._seal_lock = threading.RLock()  # read() holds it while it seals
         self._segments: deque[tuple[int, pa.RecordBatch]] = deque()
-        # A deque: appends and the sealer's poplefts are atomic, so a stream without
-        # handles appends without taking the lock.
-        self._tail: deque[Message] = deque()
+        # The captured messages not yet sealed, FIELDS entries each (see capture()). One
+        # extend per message and the sealer's slice copy and slice delete are each
+        # atomic, so a stream without handles appends without taking the lock.
+        self._tail: list[Any] = []
         self._base = 0  # first retained offset
         self._tail_start = 0  # offset of _tail[0] (= next offset when the tail is empty)
         self._handles: deque[tuple[int, Message]] = deque()
@@ -84,17 +84,24 @@ class StreamLog:
 
     def append(self, message: Message) -> None:
         """Add one message at the next offset (called from one thread: the node's loop)."""
-        if message.timestamp is None:
-            self._captured_at[id(message)] = self._clock()
         tail = self._tail
+        # The FIELDS entries of the message, in one extend: atomic for the sealer's
+        # thread, which so sees whole messages only. The last is the timestampType:
+        # 0 for the publisher's stamp, 1 (LogAppendTime) for one made here.
+        stamp = message.timestamp
+        if stamp is None:
+            self._stamped_here = True  # before the capture: the sealer reads it first
+            entry = (message.topic, message.payload, self._clock(), message.options, 1)
+        else:
+            entry = (message.topic, message.payload, stamp, message.options, 0)
         if self.keep_handles:
             with self._lock:  # the handle's offset must agree with the tail's numbering
-                self._handles.append((self._tail_start + len(tail), message))
-                tail.append(message)
+                self._handles.append((self._tail_start + len(tail) // FIELDS, message))
+                tail.extend(entry)
         else:
-            tail.append(message)
+            tail.extend(entry)
         self.captured += 1
-        if len(tail) == SEAL_ROWS:
+        if len(tail) == SEAL_ROWS * FIELDS:
             if self._sealer is not None:
                 self._sealer.request(self)  # off the publisher's path
             else:
@@ -106,7 +113,7 @@ class StreamLog:
     def next_offset(self) -> int:
         """The offset the next message will get."""
         with self._lock:
-            return self._tail_start + len(self._tail)
+            return self._tail_start + len(self._tail) // FIELDS
 
     @property
     def unacknowledged(self) -> int:
@@ -125,21 +132,21 @@ class StreamLog:
         with self._seal_lock:
             with self._lock:
                 # Exactly the messages there now; later appends stay for the next seal.
-                popleft = self._tail.popleft
-                tail = [popleft() for _ in range(len(self._tail))]
+                # (The flag is read first: a capture without a timestamp sets it first.)
+                stamped_here = self._stamped_here
+                taken = len(self._tail)
+                tail = self._tail[:taken]
+                del self._tail[:taken]
+                rows = taken // FIELDS
                 start = self._tail_start
-                self._tail_start += len(tail)
-            if tail:
-                captured_at = None
-                if self._captured_at:
-                    pop = self._captured_at.pop
-                    captured_at = [pop(id(m), None) for m in tail]
-                batch = messages_to_batch(tail, start, captured_at)
+                self._tail_start += rows
+            if rows:
+                batch = captured_to_batch(tail, start, stamped_here)
                 with self._lock:
                     self._segments.append((start, batch))
                     self.retained_bytes += batch.nbytes
                     self._enforce_size()
-            return start + len(tail)
+            return start + rows
 
     def advance_to(self, offset: int) -> None:
         """Number the next message ``offset`` or later (a gap; nothing is renumbered).
@@ -298,7 +305,7 @@ class StreamLog:
             return {
                 "stream": self.name,
                 "earliest": self._base,
-                "next": self._tail_start + len(self._tail),
+                "next": self._tail_start + len(self._tail) // FIELDS,
                 "captured": self.captured,
                 "retained_bytes": self.retained_bytes,
                 "dropped": self.dropped,

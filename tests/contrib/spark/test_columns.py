@@ -13,6 +13,8 @@ from meshbus.contrib.spark import arrow_schema
 from meshbus.contrib.spark._columns import (
     HEADERS_TYPE,
     READ_COLUMNS,
+    _offsets,
+    captured_to_batch,
     header_value,
     messages_to_batch,
 )
@@ -120,33 +122,44 @@ def test_timestamp_is_utc_microseconds_of_the_publish_time() -> None:
     assert stamp == datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=UTC)
 
 
-def test_a_message_without_timestamp_gets_its_capture_time_as_log_append_time() -> None:
-    messages = [
-        Message("t", b"a", timestamp=10.0),
-        Message("t", b"b"),
-        Message("t", b"c", timestamp=12.0),
-        Message("t", b"d"),
+def test_a_capture_carries_each_rows_timestamp_type() -> None:
+    options = Message("t", b"").options
+    flat = [
+        *("t/a", b"a", 10.0, options, 0),
+        *("t/b", b"b", 11.5, options, 1),  # stamped when captured: LogAppendTime
+        *("t/c", b"c", 12.0, options, 0),
     ]
-    batch = messages_to_batch(messages, 0, [None, 11.5, None, 13.25])
+    batch = captured_to_batch(flat, 7)
+    assert batch.column("offset").to_pylist() == [7, 8, 9]
+    assert batch.column("topic").to_pylist() == ["t/a", "t/b", "t/c"]
+    assert batch.column("value").to_pylist() == [b"a", b"b", b"c"]
     assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [
         10_000_000,
         11_500_000,
         12_000_000,
-        13_250_000,
     ]
-    assert batch.column("timestampType").to_pylist() == [0, 1, 0, 1]
-    # A capture time never overrides the publisher's own; without either, null.
-    batch = messages_to_batch(messages, 0, [99.0, None, 99.0, None])
-    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [
-        10_000_000,
-        None,
-        12_000_000,
-        None,
-    ]
-    assert batch.column("timestampType").to_pylist() == [0, 0, 0, 0]
+    assert batch.column("timestampType").to_pylist() == [0, 1, 0]
+    # stamped_here=False: the caller knows every row is CreateTime
+    assert captured_to_batch(flat[:5], 0, stamped_here=False).column(
+        "timestampType"
+    ).to_pylist() == [0]
+
+
+def test_a_message_without_a_timestamp_has_a_null_one() -> None:
+    batch = messages_to_batch([Message("t", b"a"), Message("t", b"b", timestamp=2.0)], 0)
+    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [None, 2_000_000]
+    assert batch.column("timestampType").to_pylist() == [0, 0]
 
 
 def test_a_batch_without_headers_matches_the_narrow_schema() -> None:
     batch = messages_to_batch([Message("t", b"x", headers={"a": 1})], 0)
     narrow = batch.drop_columns(["headers"])
     assert narrow.schema == arrow_schema(False)
+
+
+def test_offsets_count_up_from_the_first_past_the_shared_numbers() -> None:
+    assert _offsets(5, 3).to_pylist() == [5, 6, 7]
+    big = _offsets(10, 200_000)  # beyond what was made so far: grown
+    assert (len(big), big[0].as_py(), big[-1].as_py()) == (200_000, 10, 200_009)
+    assert _offsets(2**40, 2).to_pylist() == [2**40, 2**40 + 1]
+    assert _offsets(0, 0).to_pylist() == []

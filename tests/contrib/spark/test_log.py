@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import sys
 import threading
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -10,7 +13,7 @@ import pytest
 from meshbus import Message
 from meshbus.contrib.spark import OffsetsUnavailableError, StreamLog
 from meshbus.contrib.spark import _log as log_module
-from meshbus.contrib.spark._columns import messages_to_batch
+from meshbus.contrib.spark._columns import captured_to_batch, messages_to_batch
 
 
 def msg(i: int) -> Message:
@@ -284,16 +287,14 @@ def test_a_read_waits_for_a_seal_in_progress(monkeypatch: pytest.MonkeyPatch) ->
     building = threading.Event()
     release = threading.Event()
 
-    def slow_batch(
-        messages: list[Message], first: int, captured_at: list[float | None] | None
-    ) -> pa.RecordBatch:
+    def slow_batch(flat: list[Any], first: int, stamped_here: bool) -> pa.RecordBatch:
         building.set()
         release.wait(5)
-        return messages_to_batch(messages, first, captured_at)
+        return captured_to_batch(flat, first, stamped_here)
 
     log = StreamLog("s")
     fill(log, 0, 3)
-    monkeypatch.setattr(log_module, "messages_to_batch", slow_batch)
+    monkeypatch.setattr(log_module, "captured_to_batch", slow_batch)
     sealer = threading.Thread(target=log.seal)
     sealer.start()
     assert building.wait(5)
@@ -322,7 +323,17 @@ def test_messages_without_timestamp_are_stamped_when_captured() -> None:
         101_000_000,
     ]
     assert batch.column("timestampType").to_pylist() == [1, 0, 1]
-    assert log._captured_at == {}  # nothing kept for sealed messages
+
+
+def test_the_log_keeps_no_message_objects_of_a_subscription_stream() -> None:
+    # Messages go when their publish returns; the garbage collector has nothing to scan.
+    log = StreamLog("s")
+    message = Message("t/1", b"x", timestamp=1.0)
+    log.append(message)
+    log.append(Message("t/2", b"y"))
+    assert sys.getrefcount(message) == 2  # the local name and getrefcount's argument
+    assert not any(gc.is_tracked(entry) for entry in log._tail[:3] + log._tail[4:8])
+    assert payloads(log.read(0, 2)) == [b"x", b"y"]
 
 
 def test_advance_to_leaves_a_gap_that_later_messages_skip() -> None:
