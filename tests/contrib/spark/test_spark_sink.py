@@ -41,6 +41,7 @@ async def test_batch_write_publishes_rows_with_key_and_headers(spark: Any) -> No
             ("out/b", b"two", None),
         ]
         assert dict(received[0].headers) == {"region": "eu"}
+        assert all(m.timestamp is not None for m in received)  # stamped when published
         assert bridge.statistics()["published"] == 2
 
 
