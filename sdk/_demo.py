@@ -27,7 +27,8 @@ async def demo() -> None:
         _say("Direct messaging with wildcards (SPEC 1, 2)")
         async with (
             node.connect(client_name="dashboard") as dashboard,
-            node.connect(client_name="sensor") as sensor,
+            # timestamps=True: the node stamps what it publishes (off by default: cheaper)
+            node.connect(client_name="sensor", timestamps=True) as sensor,
         ):
             dashboard.subscribe("building/*/temperature")
             dashboard.subscribe("building/lobby/>")
@@ -40,8 +41,12 @@ async def demo() -> None:
                 ("building/roof/humidity", b"0.61"),  # matches nothing
             ]:
                 sensor.publish(topic, value)
+            stamps = []
             while (msg := dashboard.receive_nowait()) is not None:
                 print(f"  dashboard got {msg.topic} = {msg.payload.decode()}")
+                stamps.append(msg.timestamp)
+            fresh = all(t is not None and node.clock.time() - t < 60 for t in stamps)
+            print(f"  each stamped with the node's clock at publish (timestamps=True): {fresh}")
             print(f"  dashboard statistics: {dashboard.statistics()}")
 
         _say("Inline callback handler and no-local (SPEC 2)")

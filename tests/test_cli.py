@@ -23,6 +23,7 @@ def test_demo_runs_and_shows_each_capability() -> None:
     # wildcards: the lobby temperature matches two filters and arrives once
     assert out.count("dashboard got building/lobby/temperature") == 1
     assert "building/roof/humidity" not in out
+    assert "each stamped with the node's clock at publish (timestamps=True): True" in out
     assert "no-local session saw: ['chat/room1']" in out
     assert "slow got tick 2 discard_indication=True" in out
     assert "discarded: 2" in out
