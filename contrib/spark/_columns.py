@@ -157,23 +157,20 @@ def messages_to_batch(messages: Sequence[Message], first_offset: int) -> pa.Reco
     flat: list[Any] = []
     for m in messages:
         flat += (m.topic, m.payload, m.timestamp, m.options, CREATE_TIME)
-    return captured_to_batch(flat, first_offset, stamped_here=False)
+    return captured_to_batch(flat, first_offset)
 
 
-def captured_to_batch(
-    flat: list[Any], first_offset: int, stamped_here: bool = True
-) -> pa.RecordBatch:
+def captured_to_batch(flat: list[Any], first_offset: int) -> pa.RecordBatch:
     """Rows for a capture (:data:`FIELDS` entries a message), with every column.
 
     ``key`` is the message's correlation ID (UTF-8), ``partition`` is 0, and
     ``timestamp`` is the publish time from the node's clock (``timestampType`` 0,
     CreateTime), or the capture's time for a message that had none (``timestampType``
-    1, LogAppendTime). ``stamped_here=False`` promises that every ``timestampType``
-    is 0, which saves reading them.
+    1, LogAppendTime).
 
-    The columns come from strided slices of the capture; key and headers are worked
-    out once per distinct options object (most messages share one), and the numeric
-    columns are built from C arrays.
+    The columns come from strided slices of the capture, each turned into an Arrow
+    array in one call; key and headers are worked out once when every message has the
+    same options (the common case: they share one object), else per row.
     """
     n = len(flat) // FIELDS
     options: list[MessageOptions] = flat[3::FIELDS]
@@ -190,10 +187,11 @@ def captured_to_batch(
             pa.binary(),
         )
         headers = _headers_column(options)
-    if stamped_here:
-        codes = array.array("i", flat[4::FIELDS])
+    types = flat[4::FIELDS]
+    if LOG_APPEND_TIME in types:
+        codes = array.array("i", types)
         kinds = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(codes)])
-    else:
+    else:  # all CreateTime: no per-row conversion
         kinds = pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), n)
     micros = pc.multiply(pa.array(flat[2::FIELDS], pa.float64()), 1_000_000.0)
     columns = [

@@ -54,16 +54,13 @@ class StreamLog:
     ):
         self.name = name
         self._clock = clock
-        # Set (before its capture) once a message arrives without a timestamp: from then
-        # on, seals read each row's timestampType instead of assuming CreateTime.
-        self._stamped_here = False
         self._sealer = sealer
         self.keep_handles = keep_handles
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._seal_lock = threading.RLock()  # read() holds it while it seals
         self._segments: deque[tuple[int, pa.RecordBatch]] = deque()
-        # The captured messages not yet sealed, FIELDS entries each (see capture()). One
+        # The captured messages not yet sealed, FIELDS entries each (see append()). One
         # extend per message and the sealer's slice copy and slice delete are each
         # atomic, so a stream without handles appends without taking the lock.
         self._tail: list[Any] = []
@@ -90,7 +87,6 @@ class StreamLog:
         # 0 for the publisher's stamp, 1 (LogAppendTime) for one made here.
         stamp = message.timestamp
         if stamp is None:
-            self._stamped_here = True  # before the capture: the sealer reads it first
             entry = (message.topic, message.payload, self._clock(), message.options, 1)
         else:
             entry = (message.topic, message.payload, stamp, message.options, 0)
@@ -132,8 +128,6 @@ class StreamLog:
         with self._seal_lock:
             with self._lock:
                 # Exactly the messages there now; later appends stay for the next seal.
-                # (The flag is read first: a capture without a timestamp sets it first.)
-                stamped_here = self._stamped_here
                 taken = len(self._tail)
                 tail = self._tail[:taken]
                 del self._tail[:taken]
@@ -141,7 +135,7 @@ class StreamLog:
                 start = self._tail_start
                 self._tail_start += rows
             if rows:
-                batch = captured_to_batch(tail, start, stamped_here)
+                batch = captured_to_batch(tail, start)
                 with self._lock:
                     self._segments.append((start, batch))
                     self.retained_bytes += batch.nbytes

@@ -139,10 +139,8 @@ def test_a_capture_carries_each_rows_timestamp_type() -> None:
         12_000_000,
     ]
     assert batch.column("timestampType").to_pylist() == [0, 1, 0]
-    # stamped_here=False: the caller knows every row is CreateTime
-    assert captured_to_batch(flat[:5], 0, stamped_here=False).column(
-        "timestampType"
-    ).to_pylist() == [0]
+    only_create_time = captured_to_batch(flat[:5] + flat[10:], 0)
+    assert only_create_time.column("timestampType").to_pylist() == [0, 0]
 
 
 def test_a_message_without_a_timestamp_has_a_null_one() -> None:

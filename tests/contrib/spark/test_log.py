@@ -287,10 +287,10 @@ def test_a_read_waits_for_a_seal_in_progress(monkeypatch: pytest.MonkeyPatch) ->
     building = threading.Event()
     release = threading.Event()
 
-    def slow_batch(flat: list[Any], first: int, stamped_here: bool) -> pa.RecordBatch:
+    def slow_batch(flat: list[Any], first: int) -> pa.RecordBatch:
         building.set()
         release.wait(5)
-        return captured_to_batch(flat, first, stamped_here)
+        return captured_to_batch(flat, first)
 
     log = StreamLog("s")
     fill(log, 0, 3)
