@@ -577,7 +577,7 @@ async def pipeline_phase(spark: Any, args: argparse.Namespace, work: Path, repor
     # trigger's fixed latency (which has its own figure), decides it. The short burst
     # shows what the fixed costs do to a small one.
     for n, kind in ((args.pipeline_messages, "sustained"), (args.messages, "short burst")):
-        await pipeline_size(spark, args, work / f"n{n}", report, n, kind)
+        await pipeline_size(spark, args, work / f"{kind.replace(' ', '-')}-n{n}", report, n, kind)
 
 
 async def pipeline_size(
