@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._columns import FIELDS, captured_to_batch
+from ._columns import CREATE_TIME, FIELDS, LOG_APPEND_TIME, captured_to_batch
 from ._errors import OffsetsUnavailableError
 
 if TYPE_CHECKING:
@@ -83,13 +83,19 @@ class StreamLog:
         """Add one message at the next offset (called from one thread: the node's loop)."""
         tail = self._tail
         # The FIELDS entries of the message, in one extend: atomic for the sealer's
-        # thread, which so sees whole messages only. The last is the timestampType:
-        # 0 for the publisher's stamp, 1 (LogAppendTime) for one made here.
+        # thread, which so sees whole messages only. The last is the timestampType of
+        # the row: the publisher's stamp, or one made here.
         stamp = message.timestamp
         if stamp is None:
-            entry = (message.topic, message.payload, self._clock(), message.options, 1)
+            entry = (
+                message.topic,
+                message.payload,
+                self._clock(),
+                message.options,
+                LOG_APPEND_TIME,
+            )
         else:
-            entry = (message.topic, message.payload, stamp, message.options, 0)
+            entry = (message.topic, message.payload, stamp, message.options, CREATE_TIME)
         if self.keep_handles:
             with self._lock:  # the handle's offset must agree with the tail's numbering
                 self._handles.append((self._tail_start + len(tail) // FIELDS, message))
