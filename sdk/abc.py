@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 if TYPE_CHECKING:
     from ._messages import Message
@@ -27,6 +30,25 @@ class Clock(ABC):
     @abstractmethod
     async def sleep_until(self, deadline: float) -> None:
         """Return once :meth:`monotonic` has reached ``deadline``."""
+
+    @abstractmethod
+    def move_on_after(self, seconds: float) -> AbstractContextManager[anyio.CancelScope]:
+        """A cancel scope that this clock cancels ``seconds`` from now.
+
+        As :func:`anyio.move_on_after`, but on this clock: with a
+        :class:`~meshbus.ManualClock` the scope is cancelled when the test moves
+        time past the deadline, never by the wall clock. Use it with ``with``; its
+        ``cancelled_caught`` tells whether the deadline passed.
+        """
+
+    @contextmanager
+    def fail_after(self, seconds: float) -> Iterator[anyio.CancelScope]:
+        """As :func:`anyio.fail_after` on this clock: raise :class:`TimeoutError` when
+        the block is still running ``seconds`` from now (it is cancelled first)."""
+        with self.move_on_after(seconds) as scope:
+            yield scope
+        if scope.cancelled_caught:
+            raise TimeoutError(f"timed out after {seconds:g} s")
 
 
 class Flow(ABC):
