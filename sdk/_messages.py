@@ -63,6 +63,15 @@ class MessageOptions:
     """The spool's id of a guaranteed message received from a queue (what acks name)."""
     destination: str | None = None
     """The queue a guaranteed message was received from."""
+    origin: tuple[str, int] | None = None
+    """Where the message entered the mesh: ``(node id, message id)``, set once it crosses
+    a link (or is spooled) and kept on every later hop; links drop a message whose origin
+    they have seen recently (SPEC 7)."""
+    hop_count: int = 0
+    """Links it crossed that count hops (SPEC 9)."""
+    expires_at: float | None = None
+    """When it expires on this node's clock (``clock.time()`` seconds), or ``None``; on the
+    wire it travels as the time left, so nodes need not agree on the time."""
 
 
 DEFAULT_OPTIONS = MessageOptions()
@@ -113,6 +122,9 @@ class Message:
         redelivered: bool = False,
         message_id: int | None = None,
         destination: str | None = None,
+        origin: tuple[str, int] | None = None,
+        hop_count: int = 0,
+        expires_at: float | None = None,
     ) -> None:
         options = MessageOptions(
             delivery_mode,
@@ -124,6 +136,9 @@ class Message:
             redelivered,
             message_id,
             destination,
+            origin,
+            hop_count,
+            expires_at,
         )
         if options == DEFAULT_OPTIONS:  # share the common ones
             options = DEFAULT_OPTIONS
@@ -177,6 +192,21 @@ class Message:
     def destination(self) -> str | None:
         """The queue a guaranteed message was received from."""
         return self.options.destination
+
+    @property
+    def origin(self) -> tuple[str, int] | None:
+        """``(node id, message id)`` of where it entered the mesh, once it crossed a link."""
+        return self.options.origin
+
+    @property
+    def hop_count(self) -> int:
+        """How many counted links it crossed (SPEC 9)."""
+        return self.options.hop_count
+
+    @property
+    def expires_at(self) -> float | None:
+        """When it expires on this node's clock, or ``None``."""
+        return self.options.expires_at
 
     def evolve(self, **changes: Any) -> Message:
         """A copy with some settings changed (not for the per-message path)."""
@@ -239,21 +269,37 @@ class Envelope:
     for all its publishes); keep the message instead, or :meth:`copy` it.
     """
 
-    __slots__ = ("hop_count", "message", "origin", "spooled")
+    __slots__ = ("endpoints", "hop_count", "message", "mode", "origin")
 
     def __init__(
-        self, message: Message, origin: object, hop_count: int = 0, spooled: bool = False
+        self,
+        message: Message,
+        origin: object,
+        endpoints: tuple[str, ...] = (),
+        mode: DeliveryMode = DeliveryMode.DIRECT,
     ) -> None:
         self.message = message
-        self.origin = origin  # the publishing session, or the link it arrived on
-        self.hop_count = hop_count
-        #: Endpoints already hold this message: routers that spool must skip it (the
-        #: direct copy of a guaranteed message travels with this set).
-        self.spooled = spooled
+        #: The publishing session, or the link it arrived on.
+        self.origin = origin
+        #: The endpoints (queues, topic endpoints) that already hold this message.
+        self.endpoints = endpoints
+        #: What the message really is. A guaranteed publish is routed as its direct copy
+        #: (what client subscriptions get) with its real mode here; routers that spool
+        #: leave such a message alone (its endpoints were chosen when it was spooled).
+        self.mode = mode
+        #: The hop count a link would give it (set per link while it is forwarded).
+        self.hop_count = message.options.hop_count if message is not None else 0
+
+    @property
+    def guaranteed(self) -> bool:
+        """Whether it is a guaranteed message (routed as its direct copy)."""
+        return self.mode is not DeliveryMode.DIRECT
 
     def copy(self) -> Envelope:
         """A new envelope with the same contents."""
-        return Envelope(self.message, self.origin, self.hop_count, self.spooled)
+        new = Envelope(self.message, self.origin, self.endpoints, self.mode)
+        new.hop_count = self.hop_count
+        return new
 
     def __repr__(self) -> str:
-        return f"Envelope({self.message.topic!r}, origin={self.origin!r}, hops={self.hop_count})"
+        return f"Envelope({self.message.topic!r}, origin={self.origin!r}, mode={self.mode.value})"

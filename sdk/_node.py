@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
-from collections.abc import Iterable, Mapping
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 
 import anyio
+import orjson
 from anyio.abc import TaskGroup
 
 from ._clock import SystemClock
+from ._files import write_json_atomically
 from ._plugins import PluginManager, compose
+from ._profiles import check_identity
 from ._session import MessageHandler, Session
 from ._stash import Stash
 from ._stats import NodeStatistics
@@ -47,6 +53,11 @@ class Node:
     :param topic_limits: default limits for the VPNs of this node.
     :param data_dir: a directory for durable state (the guaranteed-message spool);
         without one, guaranteed messages are kept in memory only.
+    :param node_id: the node's identity among the nodes it links to (SPEC 7, 8). Without
+        one, a node with a ``data_dir`` keeps the id it made the first time in that
+        directory (file ``node-id``), and a node without one makes a new id each run.
+    :param cluster: the cluster the node belongs to (SPEC 8), told to the nodes it
+        links to; ``None`` when it belongs to none.
     """
 
     def __init__(
@@ -60,9 +71,13 @@ class Node:
         seed: int | None = None,
         topic_limits: TopicLimits | None = None,
         data_dir: str | os.PathLike[str] | None = None,
+        node_id: str | None = None,
+        cluster: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"node name must be a non-empty str, got {name!r}")
+        if cluster is not None:
+            check_identity("cluster name", cluster)
         self.name = name
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.random = random.Random(seed)
@@ -70,6 +85,14 @@ class Node:
         self.stash = Stash()
         #: Where plugins keep durable state (the guaranteed spool); ``None`` keeps it in RAM.
         self.data_dir: Path | None = Path(data_dir) if data_dir is not None else None
+        #: The node's identity among linked nodes (see the ``node_id`` parameter).
+        self.node_id: str = _node_identity(node_id, self.data_dir)
+        #: The cluster the node belongs to, or ``None``.
+        self.cluster: str | None = cluster
+        #: Numbers the messages this node sends into the mesh (their ``origin``). Counting
+        #: from the wall clock in nanoseconds keeps a restarted node's numbers above the
+        #: ones it used before, so neighbours never take a new message for an old one.
+        self.next_origin_id: Callable[[], int] = itertools.count(time.time_ns()).__next__
         self._guaranteed: GuaranteedMessaging | None = None
         self.plugins = PluginManager()
         blocked = frozenset(block)
@@ -251,6 +274,8 @@ class Node:
         """Totals over every VPN."""
         per_vpn = [vpn.statistics() for vpn in self._vpns.values()]
         return NodeStatistics(
+            node_id=self.node_id,
+            cluster=self.cluster,
             vpns=len(per_vpn),
             sessions=sum(s.sessions for s in per_vpn),
             published=sum(s.published for s in per_vpn),
@@ -260,3 +285,34 @@ class Node:
             unmatched=sum(s.unmatched for s in per_vpn),
             login_failures=sum(s.login_failures for s in per_vpn),
         )
+
+
+NODE_ID_FILE = "node-id"
+"""The file in a node's data directory that keeps its identity."""
+
+
+def _node_identity(given: str | None, data_dir: Path | None) -> str:
+    """The node id: as given, else kept in (or first written to) ``data_dir``, else new."""
+    if given is not None:
+        return check_identity("node id", given)
+    if data_dir is None:
+        return uuid.uuid4().hex
+    path = data_dir / NODE_ID_FILE
+    try:
+        kept = path.read_bytes()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the node id from {path}: {exc}") from exc
+    else:
+        try:
+            return check_identity("node id", orjson.loads(kept))
+        except (orjson.JSONDecodeError, ConfigurationError):
+            raise ConfigurationError(f"{path} does not hold a node id") from None
+    made = uuid.uuid4().hex
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(path, made)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot keep the node id in {path}: {exc}") from exc
+    return made

@@ -55,6 +55,10 @@ class VpnStatistics:
 class NodeStatistics:
     """Totals over every VPN of a node."""
 
+    node_id: str
+    """The node's identity among linked nodes."""
+    cluster: str | None
+    """The cluster it belongs to, or ``None``."""
     vpns: int
     """VPNs on the node."""
     sessions: int

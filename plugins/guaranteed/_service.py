@@ -255,7 +255,10 @@ class GuaranteedService(GuaranteedMessaging):
             sender=session.client_name,
             timestamp=now,
         )
-        session.vpn.dispatch(Envelope(message, session, spooled=True), count_unmatched=not accepted)
+        session.vpn.dispatch(
+            Envelope(message, session, _endpoints(accepted), _mode(options)),
+            count_unmatched=not accepted,
+        )
 
     async def send_many(
         self,
@@ -277,12 +280,14 @@ class GuaranteedService(GuaranteedMessaging):
             if refusal is None and size > MAX_MESSAGE_SIZE:
                 refusal = PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, size)
             results.append(refusal)
-            if refusal is not None or not accepted:
+            if refusal is not None:
+                continue
+            holders.append(accepted)  # one per message that goes on, in order
+            if not accepted:
                 continue
             for queue in accepted:
                 queue.reserve(size)
                 reserved.append((queue, size))
-            holders.append(accepted)
             records.append(_record(topic, payload, accepted, _with_meta(options, session), now))
         for queue, size in reserved:  # the store counts them from the put on
             queue.unreserve(size)
@@ -291,6 +296,8 @@ class GuaranteedService(GuaranteedMessaging):
             for accepted in holders:
                 for queue in accepted:
                     queue.stored()
+        holding = iter(holders)
+        mode = _mode(options)
         for (topic, payload), result in zip(messages, results, strict=True):
             if result is None:
                 message = Message(
@@ -301,7 +308,8 @@ class GuaranteedService(GuaranteedMessaging):
                     timestamp=now,
                 )
                 session.vpn.dispatch(
-                    Envelope(message, session, spooled=True), count_unmatched=False
+                    Envelope(message, session, _endpoints(next(holding)), mode),
+                    count_unmatched=False,
                 )
         return results
 
@@ -367,7 +375,7 @@ class GuaranteedService(GuaranteedMessaging):
         clock_time = self.node.clock.time
 
         def route(envelope: Envelope) -> int:
-            if envelope.spooled:
+            if envelope.mode is not _DIRECT:  # a guaranteed publish chose its endpoints
                 return 0
             message = envelope.message
             accepted = []
@@ -522,6 +530,17 @@ class GuaranteedService(GuaranteedMessaging):
                 flow.detach()
         self._acks_due.update(self._queues.values())
         await self._drain()
+
+
+_DIRECT = DeliveryMode.DIRECT
+
+
+def _mode(options: Mapping[str, Any]) -> DeliveryMode:
+    return DeliveryMode.PERSISTENT if options["persistent"] else DeliveryMode.NON_PERSISTENT
+
+
+def _endpoints(queues: Sequence[Queue]) -> tuple[str, ...]:
+    return tuple(queue.endpoint for queue in queues)
 
 
 def _meta(sender: str | None, reply_to: str | None, correlation_id: str | None) -> dict[str, Any]:

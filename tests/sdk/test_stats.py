@@ -20,6 +20,8 @@ from meshbus import (
 
 async def test_a_fresh_node_counts_nothing(meshbus_node: Node) -> None:
     assert meshbus_node.statistics() == NodeStatistics(
+        node_id=meshbus_node.node_id,
+        cluster=None,
         vpns=1,
         sessions=0,
         published=0,
@@ -111,6 +113,8 @@ async def test_vpn_and_node_totals_include_closed_sessions(meshbus_node: Node) -
     with pytest.raises(AuthenticationError):
         node.connect("other", username="nobody")
     assert node.statistics() == NodeStatistics(
+        node_id=node.node_id,
+        cluster=None,
         vpns=2,
         sessions=0,
         published=3,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -440,3 +441,48 @@ def test_a_new_node_has_a_default_vpn_that_allows_everything() -> None:
     acl = vpn.acl_profiles["default"]
     assert (acl.connect_default.value, acl.publish_default.value) == ("allow", "allow")
     assert (acl.subscribe_default.value, acl.publish_exceptions) == ("allow", ())
+
+
+# --- node identity (SPEC 7, 8) ---------------------------------------------------------------
+
+
+def test_a_node_without_data_dir_gets_a_new_id_each_time() -> None:
+    first, second = Node(), Node()
+    assert first.node_id != second.node_id
+    assert first.cluster is None
+
+
+def test_a_node_keeps_its_id_in_its_data_dir(tmp_path: Path) -> None:
+    made = Node(data_dir=tmp_path / "data").node_id
+    assert (tmp_path / "data" / "node-id").is_file()
+    assert Node(data_dir=tmp_path / "data").node_id == made
+    assert Node(data_dir=tmp_path / "other").node_id != made
+    # Given explicitly, the id wins and the kept one is left alone.
+    assert Node(data_dir=tmp_path / "data", node_id="edge-7").node_id == "edge-7"
+    assert Node(data_dir=tmp_path / "data").node_id == made
+
+
+def test_node_id_and_cluster_are_validated(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="node id"):
+        Node(node_id="a/b")
+    with pytest.raises(ConfigurationError, match="cluster name"):
+        Node(cluster="")
+    (tmp_path / "node-id").write_bytes(b"\xff garbage")
+    with pytest.raises(ConfigurationError, match="does not hold a node id"):
+        Node(data_dir=tmp_path)
+
+
+async def test_statistics_name_the_node_and_its_cluster() -> None:
+    async with Node(node_id="n1", cluster="east") as node:
+        stats = node.statistics()
+    assert (stats.node_id, stats.cluster) == ("n1", "east")
+
+
+def test_origin_ids_increase_across_restarts() -> None:
+    # A restarted node must not reuse the numbers of its messages: neighbours would
+    # drop new messages as duplicates of old ones.
+    first = Node(node_id="n")
+    a = first.next_origin_id()
+    b = first.next_origin_id()
+    later = Node(node_id="n")
+    assert a < b < later.next_origin_id()
