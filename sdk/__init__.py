@@ -10,6 +10,15 @@ import logging
 from ._clock import ManualClock, SystemClock
 from ._egress import Egress
 from ._index import SubscriptionIndex
+from ._links import (
+    Link,
+    LinkPipeline,
+    LinkRouter,
+    LinkState,
+    LinkStatistics,
+    OriginFilter,
+    Stage,
+)
 from ._messages import DeliveryMode, Envelope, Message, MessageOptions
 from ._node import DEFAULT_PLUGINS, Node
 from ._pipeline import Pipeline, Router
@@ -73,6 +82,11 @@ __all__ = [
     "Envelope",
     "InvalidTopicError",
     "LimitExceededError",
+    "Link",
+    "LinkPipeline",
+    "LinkRouter",
+    "LinkState",
+    "LinkStatistics",
     "ManualClock",
     "MeshbusError",
     "Message",
@@ -80,6 +94,7 @@ __all__ = [
     "MessageOptions",
     "Node",
     "NodeStatistics",
+    "OriginFilter",
     "Pipeline",
     "PluginError",
     "PluginManager",
@@ -89,6 +104,7 @@ __all__ = [
     "Session",
     "SessionStatistics",
     "SpoolError",
+    "Stage",
     "Stash",
     "StashKey",
     "StateError",

@@ -92,7 +92,14 @@ class ManualClock(Clock):
         """Move time forward and fire every deadline it passes, in deadline order."""
         if seconds < 0:
             raise ValueError("a clock cannot go back")
-        self._now += seconds
+        self.advance_to(self._now + seconds)
+
+    def advance_to(self, when: float) -> None:
+        """Move time forward to ``when`` exactly (no sum of small steps drifting), firing
+        every deadline it passes, in deadline order."""
+        if when < self._now:
+            raise ValueError("a clock cannot go back")
+        self._now = when
         timers = self._timers
         while timers and timers[0][0] <= self._now:
             timer = heapq.heappop(timers)[2]
@@ -130,8 +137,8 @@ class ManualClock(Clock):
             deadline = self.next_deadline
             if deadline is None or deadline > end:
                 break
-            self.advance(max(0.0, deadline - self._now))
-        self.advance(end - self._now)
+            self.advance_to(max(deadline, self._now))
+        self.advance_to(end)
         await self.settle()
 
     async def wait_for(self, condition: Callable[[], bool], within: float = 60.0) -> float:
@@ -152,7 +159,7 @@ class ManualClock(Clock):
                     f"condition still false after {self._now - start:g} s of clock time"
                     + ("" if deadline is not None else " (nothing left to wait for)")
                 )
-            self.advance(max(0.0, deadline - self._now))
+            self.advance_to(max(deadline, self._now))
 
 
 async def wait_all_blocked() -> None:

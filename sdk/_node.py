@@ -140,6 +140,7 @@ class Node:
         """Close every session of the VPN and remove it."""
         vpn = self.vpn(name)
         vpn._close_all()
+        vpn.links.vpn_removed()
         vpn.removed = True
         del self._vpns[name]
         self.plugins.vpn_removed(vpn)
@@ -253,6 +254,7 @@ class Node:
         try:
             for vpn in list(self._vpns.values()):
                 vpn._close_all()
+                vpn.links.vpn_removed()
                 # As the hookspec promises: plugins drop per-VPN state when the node stops.
                 self.plugins.vpn_removed(vpn)
             # Plugins clean up while their tasks still run, then the tasks are cancelled.

@@ -21,6 +21,7 @@ from . import hookspecs
 from .errors import ConfigurationError, PluginError
 
 if TYPE_CHECKING:
+    from ._links import Link, LinkPipeline
     from ._node import Node
     from ._pipeline import Pipeline
     from ._profiles import ClientUsername
@@ -44,26 +45,40 @@ class PluginManager:
     def __init__(self) -> None:
         self._pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
         self._pm.add_hookspecs(hookspecs)
+        # Historic: every plugin registered from now on is asked for its own hookspecs.
+        self._pm.hook.meshbus_add_hookspecs.call_historic(kwargs={"plugins": self})
+
+    def add_hookspecs(self, module_or_class: ModuleType | type) -> None:
+        """Add the hook specifications a plugin offers to others (see
+        :func:`~meshbus.hookspecs.meshbus_add_hookspecs`); hooks already implemented by
+        registered plugins are checked against them now."""
+        try:
+            self._pm.add_hookspecs(module_or_class)
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(str(exc), getattr(exc, "plugin", None)) from None
+
+    @property
+    def hook(self) -> pluggy.HookRelay:
+        """Callers of every hook, for a plugin calling the hooks it specified itself
+        (``plugins.hook.meshbus_spool_store(node=node)``). The core's own hooks are
+        called only through the typed methods of this class."""
+        return self._pm.hook
 
     # --- composition -------------------------------------------------------------
 
-    def register(self, plugin: object, name: str | None = None) -> str:
-        """Register a plugin object (a module or an instance with ``meshbus_*`` hooks)."""
+    def register(self, plugin: object, name: str | None = None, *, check: bool = True) -> str:
+        """Register a plugin object (a module or an instance with ``meshbus_*`` hooks).
+
+        :param check: refuse a plugin that implements a hook nobody specified at once;
+            :func:`compose` registers a node's plugins unchecked, then checks them all,
+            so a plugin may implement another plugin's hooks whatever their order.
+        """
         if isinstance(plugin, str):
             return self.load(plugin)
         if self._pm.is_registered(plugin):
             raise PluginError(f"plugin {self._describe(plugin)} is registered twice", plugin)
         if name is not None and self._pm.has_plugin(name):
             raise PluginError(f"a plugin named {name!r} is already registered", plugin)
-        # Catch hooks with a typo or from another version at once, not when they fail to
-        # fire. Checked before registering: pluggy adds a caller to ``pm.hook`` for every
-        # hookimpl it registers, so afterwards a misspelt hook looks like a known one.
-        unknown = self._unknown_hooks(plugin)
-        if unknown:
-            raise PluginError(
-                f"plugin {self._describe(plugin)} implements unknown hooks: {', '.join(unknown)}",
-                plugin,
-            )
         try:
             registered = self._pm.register(plugin, name)
         except pluggy.PluginValidationError as exc:
@@ -73,11 +88,30 @@ class PluginManager:
             ) from None
         except ValueError as exc:
             raise PluginError(f"plugin {self._describe(plugin)} rejected: {exc}", plugin) from None
+        except PluginError:  # its meshbus_add_hookspecs added specs others break
+            self._discard(plugin)
+            raise
         if registered is None:  # blocked
             raise PluginError(f"plugin {name or self._describe(plugin)!r} is blocked", plugin)
+        if check:
+            try:
+                self.check_hooks(plugin)
+            except PluginError:
+                self._discard(plugin)
+                raise
         return registered
 
-    def load(self, name: str) -> str:
+    def check_hooks(self, plugin: object) -> None:
+        """Refuse ``plugin`` if it implements a hook no registered plugin specified (a typo,
+        or a hook of another version, or of a plugin that is not loaded)."""
+        unknown = self._unknown_hooks(plugin)
+        if unknown:
+            raise PluginError(
+                f"plugin {self._describe(plugin)} implements unknown hooks: {', '.join(unknown)}",
+                plugin,
+            )
+
+    def load(self, name: str, *, check: bool = True) -> str:
         """Register the installed plugin with entry-point name ``name``."""
         if self._pm.has_plugin(name):
             raise PluginError(f"plugin {name!r} is registered twice", name)
@@ -93,13 +127,13 @@ class PluginManager:
             plugin = ep.load()
         except Exception as exc:
             raise PluginError(f"plugin {name!r} failed to import: {exc!r}", name) from exc
-        return self.register(plugin, name)
+        return self.register(plugin, name, check=check)
 
-    def autoload(self) -> None:
+    def autoload(self, *, check: bool = True) -> None:
         """Register every installed plugin that is not registered or blocked yet."""
         for name in available_plugins():
             if not self._pm.has_plugin(name) and not self._pm.is_blocked(name):
-                self.load(name)
+                self.load(name, check=check)
 
     def block(self, name: str) -> None:
         """Refuse to register the plugin called ``name`` (unregistering it if present)."""
@@ -124,6 +158,10 @@ class PluginManager:
             self._pm.check_pending()
         except pluggy.PluginValidationError as exc:
             raise PluginError(str(exc), getattr(exc, "plugin", None)) from None
+
+    def plugins(self) -> list[object]:
+        """The registered plugin objects, in registration order."""
+        return [plugin for _, plugin in self._pm.list_name_plugin() if plugin is not None]
 
     def _unknown_hooks(self, plugin: object) -> list[str]:
         """Attributes named like a hook that match no hookspec (``optionalhook`` impls aside)."""
@@ -161,9 +199,6 @@ class PluginManager:
         # pluggy returns results in LIFO registration order; enter them first-registered first.
         results = self._pm.hook.meshbus_lifespan(node=node)
         return [cm for cm in reversed(results) if cm is not None]
-
-    def spool_store(self, node: Node) -> object | None:
-        return self._pm.hook.meshbus_spool_store(node=node)  # type: ignore[no-any-return]
 
     def unconfigure(self, node: Node) -> None:
         self._pm.hook.meshbus_unconfigure(node=node)
@@ -206,6 +241,21 @@ class PluginManager:
             self._pm.hook.meshbus_subscription_removed(session=session, subscription=subscription)
         return handled
 
+    def endpoint_interest(self, vpn: Vpn, endpoint: str, filters: tuple[str, ...]) -> None:
+        self._pm.hook.meshbus_endpoint_interest(vpn=vpn, endpoint=endpoint, filters=filters)
+
+    def accept_link(self, vpn: Vpn, user: ClientUsername, kind: str, peer_node: str) -> None:
+        self._pm.hook.meshbus_accept_link(vpn=vpn, user=user, kind=kind, peer_node=peer_node)
+
+    def link_pipeline(self, link: Link, pipeline: LinkPipeline) -> None:
+        self._pm.hook.meshbus_link_pipeline(link=link, pipeline=pipeline)
+
+    def link_opened(self, link: Link) -> None:
+        self._pm.hook.meshbus_link_opened(link=link)
+
+    def link_closed(self, link: Link, reason: str) -> None:
+        self._pm.hook.meshbus_link_closed(link=link, reason=reason)
+
 
 def compose(
     pm: PluginManager, plugins: Iterable[object], autoload: bool, blocked: Iterable[str]
@@ -215,9 +265,13 @@ def compose(
         pm.block(name)
     for plugin in plugins:
         if isinstance(plugin, str):
-            pm.load(plugin)
+            pm.load(plugin, check=False)
         else:
-            pm.register(plugin)
+            pm.register(plugin, check=False)
     if autoload:
-        pm.autoload()
+        pm.autoload(check=False)
+    # Every plugin has added its hookspecs by now: implementations of hooks nobody
+    # specified are typos (or hooks of a plugin that is not loaded).
+    for plugin in pm.plugins():
+        pm.check_hooks(plugin)
     pm.check_pending()

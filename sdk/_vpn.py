@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from ._links import LinkRouter
 from ._messages import Envelope
 from ._pipeline import Pipeline
 from ._profiles import (
@@ -66,7 +67,12 @@ class Vpn:
         self._busy = False
         self.removed = False
         self._pipeline = pipeline = Pipeline()
+        #: The VPN's links to other VPNs and nodes, and the router over them.
+        self.links = LinkRouter(self)
         node.plugins.vpn_created(self, pipeline)
+        # After every plugin's router: links see what local routers decided (the
+        # endpoints a guaranteed message was spooled to).
+        pipeline.add_router(LinkRouter.ROUTER, self.links.route, enabled=False)
         self.routers = pipeline.names
         self._route = pipeline.compile()
         # counters carried over from closed sessions, plus the VPN's own
@@ -220,6 +226,33 @@ class Vpn:
             self.node.task_group.start_soon(session._pump, name=f"meshbus pump {client_name}")
         self.node.plugins.session_opened(session)
         return session
+
+    def accept_link(self, user: ClientUsername, kind: str, peer_node: str) -> None:
+        """Decide whether a peer authenticated as ``user`` may open a link of ``kind``.
+
+        The user's client profile must allow bridge connections and its ACL profile
+        must allow it to connect; then plugins may refuse it
+        (:func:`~meshbus.hookspecs.meshbus_accept_link`).
+
+        :raises AccessDeniedError: refused; counted as a login failure.
+        """
+        try:
+            profile = self._client_profiles.get(user.client_profile)
+            acl = self._acl_profiles.get(user.acl_profile)
+            if profile is None or acl is None:
+                raise AccessDeniedError(user.name, "connect", why="its profiles no longer exist")
+            if not profile.allow_bridge_connections:
+                raise AccessDeniedError(
+                    user.name,
+                    "connect",
+                    why=f"client profile {profile.name!r} does not allow bridge connections",
+                )
+            if acl.connect_default is AclAction.DENY:
+                raise AccessDeniedError(user.name, "connect", why=f"ACL profile {acl.name!r}")
+            self.node.plugins.accept_link(self, user, kind, peer_node)
+        except AccessDeniedError:
+            self.login_failures += 1
+            raise
 
     def _session_closed(self, session: Session) -> None:
         del self._sessions[session.client_name]

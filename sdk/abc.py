@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 if TYPE_CHECKING:
+    from ._links import Link
     from ._messages import Message
     from ._session import Session
 
@@ -122,3 +123,16 @@ class GuaranteedMessaging(ABC):
         self, session: Session, endpoint: str, subscription: str, window: int
     ) -> Flow:
         """Bind a consumer flow to a topic endpoint, giving (or changing) its subscription."""
+
+    @abstractmethod
+    async def spool_from_link(self, link: Link, message: Message) -> tuple[str, ...]:
+        """Take a guaranteed message that came in over ``link`` (SPEC 7).
+
+        Spool it to every endpoint of the link's VPN whose subscriptions match, in one
+        commit, or to none: when a matching endpoint cannot take it now, raise
+        :class:`~meshbus.errors.PublishRejectedError` and keep nothing (the peer sends it
+        again later). Then deliver its direct copy to matching client subscriptions
+        and other links. Return the endpoints that hold it (empty when none matched:
+        the message is dropped as guaranteed, counted ``no_eligible_destination``).
+        Returns only once it is held, so the link can acknowledge it to the peer.
+        """

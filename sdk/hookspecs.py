@@ -1,7 +1,7 @@
 """Hook specifications: the control-plane contract between the core and plugins.
 
 Hooks fire on rare events only (node start and stop, VPN creation, sessions,
-subscriptions). Nothing here runs per message: a plugin that takes part in
+subscriptions, endpoints, links). Nothing here runs per message: a plugin that takes part in
 message delivery contributes plain callables through :func:`meshbus_vpn_pipeline`
 and the core calls those directly.
 
@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from ._links import Link, LinkPipeline
     from ._node import Node
     from ._pipeline import Pipeline
+    from ._plugins import PluginManager
     from ._profiles import ClientUsername
     from ._session import Session
     from ._topics import Subscription
@@ -41,6 +43,26 @@ hookimpl = pluggy.HookimplMarker("meshbus")
 
 Takes pluggy's options, e.g. ``@hookimpl(tryfirst=True)``.
 """
+
+
+# -------------------------------------------------------------------------------------
+# Plugin registration
+# -------------------------------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def meshbus_add_hookspecs(plugins: PluginManager) -> None:
+    """Add hook specifications of the plugin's own, for other plugins to implement.
+
+    Called once for each plugin as it is registered (and for plugins registered
+    later, too). A plugin that offers hooks calls
+    ``plugins.add_hookspecs(module_or_class)`` here, and calls them with
+    ``plugins.hook.<name>(...)``; the ``guaranteed`` plugin's spool-store hook is
+    one. Implementations of such hooks are checked once every plugin of the node
+    is registered, so their order does not matter.
+
+    :param plugins: the node's plugin manager.
+    """
 
 
 # -------------------------------------------------------------------------------------
@@ -87,19 +109,6 @@ def meshbus_unconfigure(node: Node) -> None:
     :func:`meshbus_configure`, the plugin registered last is called first.
 
     :param node: the node that stopped.
-    """
-
-
-@hookspec(firstresult=True)
-def meshbus_spool_store(node: Node) -> object | None:
-    """Provide the store that spools guaranteed messages; the first non-``None`` wins.
-
-    Return a ``SpoolStore`` (see :mod:`meshbus.plugins.guaranteed`), not yet
-    opened: the guaranteed plugin opens it when the node starts and closes it when
-    the node stops. Without an answer the plugin uses its embedded default: SQLite
-    in ``node.data_dir``, or memory when the node has no data directory.
-
-    :param node: the node being started.
     """
 
 
@@ -226,4 +235,83 @@ def meshbus_subscription_removed(session: Session, subscription: Subscription) -
 
     :param session: the session it belonged to.
     :param subscription: the parsed subscription.
+    """
+
+
+# -------------------------------------------------------------------------------------
+# Endpoints
+# -------------------------------------------------------------------------------------
+
+
+@hookspec
+def meshbus_endpoint_interest(vpn: Vpn, endpoint: str, filters: tuple[str, ...]) -> None:
+    """Called when what an endpoint (queue, topic endpoint) attracts changes.
+
+    The plugin that provides guaranteed messaging calls it when an endpoint is created
+    (with its subscriptions), when its subscriptions change, and when it is deleted
+    (with no filters), so routing plugins can advertise guaranteed interest and others
+    can wait for an endpoint instead of polling for it.
+
+    :param vpn: the endpoint's VPN.
+    :param endpoint: the endpoint's name in the spool (``"<vpn>/<queue>"``, or
+        ``"<vpn>/#te/<name>"`` for a topic endpoint).
+    :param filters: every topic filter it attracts now; empty once it is deleted.
+    """
+
+
+# -------------------------------------------------------------------------------------
+# Links between VPNs and nodes
+# -------------------------------------------------------------------------------------
+
+
+@hookspec
+def meshbus_accept_link(vpn: Vpn, user: ClientUsername, kind: str, peer_node: str) -> None:
+    """Called when a peer asks to open a link into ``vpn``; raise to refuse it.
+
+    The core has already authenticated the peer as ``user`` and checked that its
+    client profile allows bridge connections (``allow_bridge_connections``, SPEC 7).
+    Raise :class:`~meshbus.errors.AccessDeniedError` to refuse the link (a routing
+    plugin refusing a peer from another cluster, say); the peer is told why.
+
+    :param vpn: the VPN the link would join.
+    :param user: the client username the peer logged in as.
+    :param kind: the kind of link the peer asks for (``"bridge"``, ...).
+    :param peer_node: the node id the peer gave.
+    """
+
+
+@hookspec
+def meshbus_link_pipeline(link: Link, pipeline: LinkPipeline) -> None:
+    """Contribute the stages of a link, once, when it joins its VPN.
+
+    Stages are plain functions the core calls for each message going out over the
+    link (``pipeline.add_egress``) or coming in (``pipeline.add_ingress``); a stage
+    returning ``False`` drops the message, counted under the stage's reason. Topic
+    mapping and hop counting are stages. Look at ``link.kind`` to decide whether a
+    link is yours to serve.
+
+    :param link: the link joining its VPN.
+    :param pipeline: the collector of its stages.
+    """
+
+
+@hookspec
+def meshbus_link_opened(link: Link) -> None:
+    """Called when a link's connection is up and its peer is known (each reconnect too).
+
+    The link is ``syncing``: this is where a plugin tells the peer what this side
+    wants (subscriptions, interest), then sets the link ``in-sync``.
+
+    :param link: the link; ``link.peer_node`` names the peer.
+    """
+
+
+@hookspec
+def meshbus_link_closed(link: Link, reason: str) -> None:
+    """Called when a link's connection went down (it may come back later).
+
+    The interest its peer had was forgotten just before.
+
+    :param link: the link.
+    :param reason: why, for people.
     """

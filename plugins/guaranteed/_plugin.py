@@ -8,8 +8,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import anyio
 
-from meshbus import Node, Pipeline, Session, StashKey, Vpn, hookimpl
+from meshbus import Node, Pipeline, PluginManager, Session, StashKey, Vpn, hookimpl
 
+from . import _hookspecs
 from ._memory import MemoryStore
 from ._service import GuaranteedService
 from ._sqlite import SqliteStore
@@ -18,6 +19,11 @@ from ._store import SpoolStore
 log = logging.getLogger("meshbus.guaranteed")
 
 SERVICE: StashKey[GuaranteedService] = StashKey()
+
+
+@hookimpl
+def meshbus_add_hookspecs(plugins: PluginManager) -> None:
+    plugins.add_hookspecs(_hookspecs)
 
 
 @hookimpl
@@ -45,7 +51,7 @@ def meshbus_lifespan(node: Node) -> AbstractAsyncContextManager[None]:
 @asynccontextmanager
 async def _running(node: Node) -> AsyncIterator[None]:
     service = node.stash[SERVICE]
-    store = node.plugins.spool_store(node)
+    store = node.plugins.hook.meshbus_spool_store(node=node)
     if not isinstance(store, SpoolStore):
         raise TypeError(f"meshbus_spool_store returned {store!r}, not a SpoolStore")
     async with store:

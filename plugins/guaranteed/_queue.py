@@ -447,6 +447,8 @@ def _to_message(entry: SpoolEntry, queue: Queue) -> Message:
     meta = headers.pop(META_HEADER, None)
     if not isinstance(meta, dict):
         meta = {}
+    origin = meta.get("origin")
+    hops = meta.get("hops", 0)
     return Message(
         stored.topic,
         stored.payload,
@@ -459,4 +461,17 @@ def _to_message(entry: SpoolEntry, queue: Queue) -> Message:
         redelivered=entry.delivery_count > 0,
         message_id=stored.id,
         destination=queue.settings.name,
+        # Kept in the spool so that a message that crossed links keeps what it is.
+        origin=(origin[0], origin[1]) if _is_origin(origin) else None,
+        hop_count=hops if type(hops) is int and hops > 0 else 0,
+        expires_at=stored.expires_at,
+    )
+
+
+def _is_origin(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and type(value[0]) is str
+        and type(value[1]) is int
     )

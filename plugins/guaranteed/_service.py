@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import orjson
 from anyio.abc import TaskStatus
 
@@ -17,6 +18,7 @@ from meshbus import (
     DeliveryMode,
     Envelope,
     InvalidTopicError,
+    Link,
     Message,
     Node,
     PublishRejectedError,
@@ -100,7 +102,55 @@ class GuaranteedService(GuaranteedMessaging):
         for topic_filter in filters:
             index.add(topic_filter, queue)
         the_vpn.enable_router("guaranteed", len(index) > 0)
+        self._interest_changed(queue)
         return queue
+
+    def add_subscription(self, name: str, subscription: str, *, vpn: str = "default") -> None:
+        """Add a subscription to a queue while it runs (a no-op if it has it already).
+
+        Kept until the queue is deleted or the node stops; a queue made again from its
+        settings at the next start has the subscriptions those name.
+
+        :raises StateError: no such queue.
+        :raises InvalidTopicError: the subscription is not valid for an endpoint.
+        """
+        queue = self.queue(name, vpn=vpn)
+        topic_filter = parse_endpoint_subscription(subscription, self.node.vpn(vpn).topic_limits)
+        if subscription in queue.settings.subscriptions:
+            return
+        queue.settings = attrs.evolve(
+            queue.settings, subscriptions=(*queue.settings.subscriptions, subscription)
+        )
+        self._indexes.setdefault(vpn, SubscriptionIndex()).add(topic_filter.filter, queue)
+        self.node.vpn(vpn).enable_router("guaranteed", True)
+        self._interest_changed(queue)
+
+    def remove_subscription(self, name: str, subscription: str, *, vpn: str = "default") -> None:
+        """Remove a subscription from a queue while it runs (a no-op if it has none such).
+
+        :raises StateError: no such queue.
+        """
+        queue = self.queue(name, vpn=vpn)
+        if subscription not in queue.settings.subscriptions:
+            return
+        # The filter stays indexed while another of the queue's subscriptions names it
+        # ('a' and '#noexport/a' both attract 'a').
+        before = set(queue.filters())
+        queue.settings = attrs.evolve(
+            queue.settings,
+            subscriptions=tuple(t for t in queue.settings.subscriptions if t != subscription),
+        )
+        index = self._indexes[vpn]
+        for topic_filter in before - set(queue.filters()):
+            index.remove(topic_filter, queue)
+        self.node.vpn(vpn).enable_router("guaranteed", len(index) > 0)
+        self._interest_changed(queue)
+
+    def _interest_changed(self, queue: Queue) -> None:
+        vpn = self.node.vpns.get(queue.vpn_name)
+        if vpn is not None:
+            filters = () if queue.deleted else tuple(dict.fromkeys(queue.filters()))
+            self.node.plugins.endpoint_interest(vpn, queue.endpoint, filters)
 
     def create_topic_endpoint(self, name: str, *, vpn: str = "default", **settings: Any) -> Queue:
         """Provision a topic endpoint: a queue-like store whose one subscription the
@@ -158,6 +208,7 @@ class GuaranteedService(GuaranteedMessaging):
         if topic_filter is not None:
             index.add(topic_filter, endpoint)
         vpn.enable_router("guaranteed", len(index) > 0)
+        self._interest_changed(endpoint)
 
     # The subscriptions of topic endpoints outlive the process (they are durable
     # subscriptions); the spool store holds messages only, so they live in a small
@@ -221,6 +272,7 @@ class GuaranteedService(GuaranteedMessaging):
             vpn = self.node.vpns.get(queue.vpn_name)
             if vpn is not None:
                 vpn.enable_router("guaranteed", len(index) > 0)
+        self._interest_changed(queue)
         queue._wake()
 
     def vpn_removed(self, vpn: Vpn) -> None:
@@ -241,9 +293,11 @@ class GuaranteedService(GuaranteedMessaging):
         if refusal is not None:
             raise refusal  # nothing was stored anywhere yet
         now = self.node.clock.time()
+        origin = self._new_origin()
         if accepted:
-            await self._spool(accepted, topic, payload, _with_meta(options, session), now)
+            await self._spool(accepted, topic, payload, _with_meta(options, session, origin), now)
         # Client subscriptions get it too, as a direct message (SPEC 4).
+        ttl = options["ttl"]
         message = Message(
             topic,
             payload,
@@ -254,6 +308,8 @@ class GuaranteedService(GuaranteedMessaging):
             options["correlation_id"],
             sender=session.client_name,
             timestamp=now,
+            origin=origin,
+            expires_at=now + ttl if ttl else None,
         )
         session.vpn.dispatch(
             Envelope(message, session, _endpoints(accepted), _mode(options)),
@@ -274,6 +330,7 @@ class GuaranteedService(GuaranteedMessaging):
         records: list[NewMessage] = []
         reserved: list[tuple[Queue, int]] = []  # so later messages of the batch see earlier
         holders: list[list[Queue]] = []
+        origins: list[tuple[str, int]] = []
         for topic, payload in messages:
             size = len(payload)
             accepted, refusal = self._accepting(index, topic, size)
@@ -283,12 +340,14 @@ class GuaranteedService(GuaranteedMessaging):
             if refusal is not None:
                 continue
             holders.append(accepted)  # one per message that goes on, in order
+            origins.append(self._new_origin())
             if not accepted:
                 continue
             for queue in accepted:
                 queue.reserve(size)
                 reserved.append((queue, size))
-            records.append(_record(topic, payload, accepted, _with_meta(options, session), now))
+            meta = _with_meta(options, session, origins[-1])
+            records.append(_record(topic, payload, accepted, meta, now))
         for queue, size in reserved:  # the store counts them from the put on
             queue.unreserve(size)
         if records:
@@ -297,7 +356,9 @@ class GuaranteedService(GuaranteedMessaging):
                 for queue in accepted:
                     queue.stored()
         holding = iter(holders)
+        origin_of = iter(origins)
         mode = _mode(options)
+        ttl = options["ttl"]
         for (topic, payload), result in zip(messages, results, strict=True):
             if result is None:
                 message = Message(
@@ -306,6 +367,8 @@ class GuaranteedService(GuaranteedMessaging):
                     headers=options["headers"],
                     sender=session.client_name,
                     timestamp=now,
+                    origin=next(origin_of),
+                    expires_at=now + ttl if ttl else None,
                 )
                 session.vpn.dispatch(
                     Envelope(message, session, _endpoints(next(holding)), mode),
@@ -342,9 +405,77 @@ class GuaranteedService(GuaranteedMessaging):
         if refusal is not None:
             raise refusal
         now = self.node.clock.time()
-        await self._spool(
-            [target], QUEUE_TOPIC_PREFIX + queue, payload, _with_meta(options, session), now
+        meta = _with_meta(options, session, self._new_origin())
+        await self._spool([target], QUEUE_TOPIC_PREFIX + queue, payload, meta, now)
+
+    def _new_origin(self) -> tuple[str, int]:
+        return (self.node.node_id, self.node.next_origin_id())
+
+    # --- guaranteed messages that came in over a link --------------------------------
+
+    async def spool_from_link(self, link: Link, message: Message) -> tuple[str, ...]:
+        """Spool ``message`` to every matching endpoint of ``link``'s VPN in one commit, or
+        refuse it whole (SPEC 7), then deliver its direct copy; see
+        :meth:`meshbus.abc.GuaranteedMessaging.spool_from_link`."""
+        vpn = link.vpn
+        topic = message.topic
+        payload = message.payload
+        size = len(payload)
+        if size > MAX_MESSAGE_SIZE:
+            raise PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, size)
+        accepted: list[Queue] = []
+        index = self._indexes.get(vpn.name)
+        for queue in index.match(topic) if index is not None else ():
+            if queue.endpoint == link.endpoint:
+                continue  # the queue that feeds this link: never back where it came from
+            refusal = queue.refusal(size)
+            if refusal is not None:
+                raise refusal  # all or nothing: the peer keeps it and sends it again
+            accepted.append(queue)
+        now = self.node.clock.time()
+        expires_at = message.expires_at
+        if expires_at is not None and expires_at <= now:
+            link.count_drop("expired")
+            return ()
+        origin = message.origin or self._new_origin()
+        if accepted:
+            meta = _meta(message.sender, message.reply_to, message.correlation_id)
+            meta["origin"] = list(origin)
+            if message.hop_count:
+                meta["hops"] = message.hop_count
+            record = NewMessage(
+                topic,
+                payload,
+                _endpoints(accepted),
+                {**message.headers, META_HEADER: meta},
+                message.delivery_mode is DeliveryMode.PERSISTENT,
+                expires_at,
+                message.timestamp if message.timestamp is not None else now,
+            )
+            await self.store.put_many((record,))
+            for queue in accepted:
+                queue.stored()
+        else:
+            link.count_drop("no_eligible_destination")
+        copy = Message(
+            topic,
+            payload,
+            DeliveryMode.DIRECT,
+            message.headers,
+            message.eliding_eligible,
+            message.reply_to,
+            message.correlation_id,
+            sender=message.sender,
+            timestamp=message.timestamp,
+            origin=origin,
+            hop_count=message.hop_count,
+            expires_at=expires_at,
         )
+        vpn.dispatch(
+            Envelope(copy, link, _endpoints(accepted), message.delivery_mode),
+            count_unmatched=not accepted,
+        )
+        return _endpoints(accepted)
 
     def _may_send(self, session: Session) -> None:
         if session.closed:
@@ -551,8 +682,11 @@ def _meta(sender: str | None, reply_to: str | None, correlation_id: str | None) 
     }
 
 
-def _with_meta(options: Mapping[str, Any], session: Session) -> dict[str, Any]:
+def _with_meta(
+    options: Mapping[str, Any], session: Session, origin: tuple[str, int]
+) -> dict[str, Any]:
     meta = _meta(session.client_name, options["reply_to"], options["correlation_id"])
+    meta["origin"] = list(origin)
     return {**options, "headers": {**options["headers"], META_HEADER: meta}}
 
 

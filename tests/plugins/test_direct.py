@@ -244,7 +244,7 @@ async def test_dispatch_during_routing_is_queued(meshbus_node: Node) -> None:
 
 async def test_without_the_plugin_nothing_is_routed() -> None:
     async with Node(plugins=[]) as node:
-        assert node.vpn().routers == ()
+        assert node.vpn().routers == ("links",)
         session = node.connect()
         with pytest.raises(ConfigurationError, match="direct"):
             session.subscribe("t")

@@ -43,7 +43,7 @@ async def start(clock: ManualClock, **profile: object) -> AsyncIterator[Node]:
 
 async def move_to(clock: ManualClock, ms: int) -> None:
     """Advance to an absolute time in ms (no float drift) and let the scheduler run."""
-    clock.advance(ms / 1000 - clock.monotonic())
+    clock.advance_to(ms / 1000)
     await anyio.wait_all_tasks_blocked()
 
 

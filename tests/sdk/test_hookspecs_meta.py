@@ -17,41 +17,52 @@ from typing import Any
 import pytest
 
 from meshbus import (
+    AccessDeniedError,
     AuthenticationError,
+    ClientProfile,
     ClientUsername,
+    Envelope,
+    Link,
+    LinkPipeline,
+    LinkState,
     Node,
     Pipeline,
+    PluginManager,
     Session,
     Subscription,
     Vpn,
     hookimpl,
     hookspecs,
 )
+from meshbus.plugins.guaranteed import _hookspecs as guaranteed_hookspecs
 
 
-def _hookspecs() -> dict[str, Callable[..., Any]]:
+def _hookspecs(module: Any = hookspecs) -> dict[str, Callable[..., Any]]:
     """The hook specifications, found the way pluggy finds them (by their marker)."""
     return {
         name: fn
-        for name, fn in vars(hookspecs).items()
+        for name, fn in vars(module).items()
         if inspect.isfunction(fn) and hasattr(fn, "meshbus_spec")
     }
 
 
 HOOKSPECS = _hookspecs()
+# Hooks that plugins specify themselves (meshbus_add_hookspecs): documented the same way.
+PLUGIN_HOOKSPECS = _hookspecs(guaranteed_hookspecs)
 
 
 def test_hookspecs_are_found() -> None:
     # Guards the meta-tests below against passing vacuously.
-    assert len(HOOKSPECS) >= 13
+    assert len(HOOKSPECS) >= 19
+    assert set(PLUGIN_HOOKSPECS) == {"meshbus_spool_store"}
     assert all(name.startswith("meshbus_") for name in HOOKSPECS)
     named = {n for n in vars(hookspecs) if n.startswith("meshbus_")}
     assert named == set(HOOKSPECS), "a meshbus_* function without @hookspec"
 
 
-@pytest.mark.parametrize("name", sorted(HOOKSPECS))
+@pytest.mark.parametrize("name", sorted({**HOOKSPECS, **PLUGIN_HOOKSPECS}))
 def test_hookspec_documents_every_parameter(name: str) -> None:
-    spec = HOOKSPECS[name]
+    spec = {**HOOKSPECS, **PLUGIN_HOOKSPECS}[name]
     doc = inspect.getdoc(spec)
     assert doc, f"{name} has no docstring"
     summary = doc.splitlines()[0]
@@ -86,6 +97,11 @@ class Recorder:
         calls, self.calls = self.calls, []
         return calls
 
+    # plugin registration
+    @hookimpl
+    def meshbus_add_hookspecs(self, plugins: PluginManager) -> None:
+        self._record("meshbus_add_hookspecs", plugins=plugins)
+
     # node lifecycle
     @hookimpl
     def meshbus_configure(self, node: Node) -> None:
@@ -102,7 +118,9 @@ class Recorder:
         yield
         self._record("lifespan exit", sessions=node.statistics().sessions)
 
-    @hookimpl
+    # The guaranteed plugin's own hook: optional, so the recorder also joins nodes
+    # without that plugin (where nothing specifies it).
+    @hookimpl(optionalhook=True)
     def meshbus_spool_store(self, node: Node) -> None:
         self._record("meshbus_spool_store", node=node)  # None: the plugin's default store
 
@@ -160,9 +178,48 @@ class Recorder:
     def meshbus_subscription_removed(self, session: Session, subscription: Subscription) -> None:
         self._record("meshbus_subscription_removed", session=session, subscription=subscription)
 
+    # endpoints
+    @hookimpl
+    def meshbus_endpoint_interest(self, vpn: Vpn, endpoint: str, filters: tuple[str, ...]) -> None:
+        self._record("meshbus_endpoint_interest", vpn=vpn, endpoint=endpoint, filters=filters)
+
+    # links
+    @hookimpl
+    def meshbus_accept_link(
+        self, vpn: Vpn, user: ClientUsername, kind: str, peer_node: str
+    ) -> None:
+        self._record("meshbus_accept_link", vpn=vpn, user=user, kind=kind, peer_node=peer_node)
+        if peer_node == "intruder":
+            raise AccessDeniedError(user.name, "connect", why="not in this cluster")
+
+    @hookimpl
+    def meshbus_link_pipeline(self, link: Link, pipeline: LinkPipeline) -> None:
+        self._record("meshbus_link_pipeline", link=link, egress=pipeline.egress)
+        pipeline.add_egress("recorder", lambda envelope: envelope.message.topic != "secret")
+
+    @hookimpl
+    def meshbus_link_opened(self, link: Link) -> None:
+        self._record("meshbus_link_opened", link=link, state=link.state)
+
+    @hookimpl
+    def meshbus_link_closed(self, link: Link, reason: str) -> None:
+        self._record("meshbus_link_closed", link=link, reason=reason, interest=link.interest)
+
+
+class _ListLink(Link):
+    """A link that keeps what it is given to send."""
+
+    def __init__(self, vpn: Vpn, name: str) -> None:
+        super().__init__(vpn, name, "test")
+        self.sent: list[str] = []
+
+    def send(self, envelope: Envelope) -> bool:
+        self.sent.append(envelope.message.topic)
+        return True
+
 
 def test_recorder_implements_every_hookspec_with_its_signature() -> None:
-    for name, spec in HOOKSPECS.items():
+    for name, spec in {**HOOKSPECS, **PLUGIN_HOOKSPECS}.items():
         impl = getattr(Recorder, name, None)
         assert impl is not None, f"Recorder does not implement {name}"
         spec_params = list(inspect.signature(spec).parameters)
@@ -183,14 +240,16 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
     default = node.vpn()
     calls = rec.take()
     assert [hook for hook, _ in calls] == [
+        "meshbus_add_hookspecs",
         "meshbus_configure",
         "meshbus_vpn_created",
         "meshbus_vpn_pipeline",
     ]
-    assert calls[0][1] == {"node": node}
-    assert calls[1][1] == {"vpn": default}
-    assert calls[2][1]["vpn"] is default
-    assert isinstance(calls[2][1]["pipeline"], Pipeline)
+    assert calls[0][1] == {"plugins": node.plugins}
+    assert calls[1][1] == {"node": node}
+    assert calls[2][1] == {"vpn": default}
+    assert calls[3][1]["vpn"] is default
+    assert isinstance(calls[3][1]["pipeline"], Pipeline)
 
     async with node:
         calls = rec.take()
@@ -204,7 +263,7 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
         assert [hook for hook, _ in calls] == ["meshbus_vpn_created", "meshbus_vpn_pipeline"]
         assert calls[0][1]["vpn"] is tenant
         assert calls[1][1]["vpn"] is tenant
-        assert tenant.routers == ("direct",)
+        assert tenant.routers == ("direct", "links")
 
         # The hook authenticates alice, although the VPN has no such user.
         alice = node.connect("tenant", username="alice", password="pw", client_name="a")
@@ -273,6 +332,43 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
             ("meshbus_session_opened", {"session": bob, "closed": False}),
         ]
 
+        # Links: a peer asking for one is accepted (the profile allows bridges) or refused.
+        tenant.add_client_profile(ClientProfile("bridges", allow_bridge_connections=True))
+        peer = tenant.add_user("peer", client_profile="bridges")
+        tenant.accept_link(peer, "bridge", "node-b")
+        assert rec.take() == [
+            (
+                "meshbus_accept_link",
+                {"vpn": tenant, "user": peer, "kind": "bridge", "peer_node": "node-b"},
+            )
+        ]
+        with pytest.raises(AccessDeniedError, match="not in this cluster"):
+            tenant.accept_link(peer, "bridge", "intruder")
+        rec.take()
+        with pytest.raises(AccessDeniedError, match="does not allow bridge connections"):
+            tenant.accept_link(tenant.users["default"], "bridge", "node-b")
+        assert rec.take() == []  # refused by the core: plugins are not asked
+
+        link = _ListLink(tenant, "to-b")
+        tenant.links.attach(link)
+        assert rec.take() == [("meshbus_link_pipeline", {"link": link, "egress": ()})]
+        link.opened("node-b", "east")
+        assert rec.take() == [("meshbus_link_opened", {"link": link, "state": LinkState.SYNCING})]
+        link.add_interest("news/>")
+        link.add_interest("secret")
+        publisher = node.connect("tenant", client_name="p")
+        rec.take()  # the login
+        publisher.publish("news/1", b"x")
+        publisher.publish("secret", b"x")  # the recorder's stage keeps it off the link
+        assert link.sent == ["news/1"]  # through the link router and stages, no hook
+        assert rec.take() == []
+        link.closed("peer went away")
+        assert rec.take() == [
+            ("meshbus_link_closed", {"link": link, "reason": "peer went away", "interest": ()})
+        ]
+        publisher.close()
+        rec.take()
+
         node.remove_vpn("tenant")
         assert rec.take() == [
             ("meshbus_session_closed", {"session": bob, "subscriptions": ()}),
@@ -293,13 +389,23 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
             ("meshbus_spool_store", {"node": store_node}),
             ("lifespan enter", {"running": True}),
         ]
-        store_node.guaranteed.create_queue("q")  # the default store (memory) is in use
+        service: Any = store_node.guaranteed
+        queue = service.create_queue("q", subscriptions=["a/>"])  # the default store (memory)
+        service.add_subscription("q", "b")
+        await service.delete_queue("q")
+        default = store_node.vpn()
+        assert [args for hook, args in rec.take() if hook == "meshbus_endpoint_interest"] == [
+            {"vpn": default, "endpoint": queue.endpoint, "filters": ("a/>",)},
+            {"vpn": default, "endpoint": queue.endpoint, "filters": ("a/>", "b")},
+            {"vpn": default, "endpoint": queue.endpoint, "filters": ()},
+        ]
 
     # Every call above was compared in full, so each hook that fired was checked.
     fired = set(rec.history)
-    assert fired == set(HOOKSPECS), (
-        f"hookspecs never exercised: {sorted(set(HOOKSPECS) - fired)}; "
-        f"recorded but not specified: {sorted(fired - set(HOOKSPECS))}"
+    every = set(HOOKSPECS) | set(PLUGIN_HOOKSPECS)
+    assert fired == every, (
+        f"hookspecs never exercised: {sorted(every - fired)}; "
+        f"recorded but not specified: {sorted(fired - every)}"
     )
 
 

@@ -129,7 +129,7 @@ async def test_plugin_composed_by_object_delivers() -> None:
         session.subscribe("a/>")
         session.publish("a/b/c", b"x")
         assert node.plugins.names() == ["meshbus.plugins.direct"]
-        assert node.vpn().routers == ("direct",)
+        assert node.vpn().routers == ("direct", "links")
         message = session.receive_nowait()
         assert message is not None
         assert message.topic == "a/b/c"
@@ -138,7 +138,7 @@ async def test_plugin_composed_by_object_delivers() -> None:
 async def test_node_without_plugins_has_no_direct_delivery() -> None:
     async with Node(plugins=[]) as node, node.connect() as session:
         assert node.plugins.names() == []
-        assert node.vpn().routers == ()
+        assert node.vpn().routers == ("links",)
         with pytest.raises(ConfigurationError, match="'direct' plugin") as info:
             session.subscribe("a/b")
         assert "'a/b'" in str(info.value)
@@ -344,7 +344,7 @@ async def test_contributed_routers_see_every_publish_without_pluggy() -> None:
         node.connect(client_name="pub") as publisher,
     ):
         # Three routers compiled together; pluggy calls the last registered plugin first.
-        assert node.vpn().routers == ("second", "first", "direct")
+        assert node.vpn().routers == ("second", "first", "direct", "links")
         subscriber.subscribe("a/*")
         hook_calls: list[str] = []
         # pluggy's own monitoring sees every hook call, whichever module makes it.
@@ -368,7 +368,7 @@ async def test_contributed_router_is_per_vpn() -> None:
     counting = Counting()
     async with Node(plugins=["direct", counting]) as node:
         tenant = node.create_vpn("tenant")
-        assert tenant.routers == ("counting", "direct")
+        assert tenant.routers == ("counting", "direct", "links")
         async with node.connect("tenant") as a, node.connect() as b:
             a.publish("x", b"")
             b.publish("y", b"")

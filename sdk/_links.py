@@ -1,0 +1,602 @@
+"""Links: paths for messages between a VPN of this node and a VPN elsewhere (SPEC 7-9).
+
+A :class:`Link` is one such path, whatever carries it: a connection in link mode to
+another node, a bridge between two VPNs of one node, an MQTT bridge. Plugins decide
+*which* links exist and *what* they carry (bridges, dynamic message routing); the core
+owns what every link shares, so it is written once:
+
+* the **link router** of each VPN (:class:`LinkRouter`) holds the interest of every link
+  (the filters its peer wants) in one :class:`~meshbus.SubscriptionIndex` and sends each
+  published message once over each link with matching interest, never back over the
+  link it came in on;
+* **stages** (plain functions of an :class:`~meshbus.Envelope`, contributed through
+  :func:`~meshbus.hookspecs.meshbus_link_pipeline`) filter and change what goes out over
+  a link and what comes in from it; a stage that drops a message counts it under its
+  reason;
+* **origin de-duplication** (:class:`OriginFilter`): every message that crosses a link
+  carries its origin, and a VPN drops one whose origin it has seen within a window, so
+  any graph of links delivers a publish at most once per subscriber;
+* a link's **state** (:class:`LinkState`), readable and awaitable, and its statistics.
+
+Nothing here awaits or calls a hook per message.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import anyio
+import attrs
+
+from ._index import SubscriptionIndex
+from ._messages import Envelope, Message, MessageOptions, make_message
+from .errors import AccessDeniedError, ConfigurationError, PluginError, StateError
+
+if TYPE_CHECKING:
+    from ._acl import AclChecker
+    from ._vpn import Vpn
+
+__all__ = [
+    "Link",
+    "LinkPipeline",
+    "LinkRouter",
+    "LinkState",
+    "LinkStatistics",
+    "OriginFilter",
+    "Stage",
+]
+
+Stage = Callable[[Envelope], bool]
+"""A link stage: ``stage(envelope) -> bool``; ``False`` drops the message (counted)."""
+
+
+class LinkState(enum.Enum):
+    """Where a link is in its life (SPEC 7)."""
+
+    CONNECTING = "connecting"
+    """Opening its connection (or waiting for the peer to)."""
+    SYNCING = "syncing"
+    """Connected; telling the peer what it wants (subscriptions, interest)."""
+    IN_SYNC = "in-sync"
+    """Connected, and the peer knows everything it should: messages flow."""
+    REUSING = "reusing"
+    """Riding another link's connection (the two sides of a bi-directional pair)."""
+    BACKOFF = "backoff"
+    """The connection failed; waiting before the next attempt."""
+    DISABLED = "disabled"
+    """Stopped for good (removed, or its node is stopping)."""
+
+
+@attrs.frozen
+class LinkStatistics:
+    """Counters of one link since it was made."""
+
+    name: str
+    """The link's name."""
+    kind: str
+    """What kind of link it is (``"bridge"``, ...)."""
+    state: LinkState
+    """Its state now."""
+    peer_node: str | None
+    """The node id of its peer, once it is known."""
+    connects: int
+    """Times its connection came up."""
+    connect_failures: int
+    """Attempts to connect that failed."""
+    disconnects: int
+    """Times its connection went down."""
+    forwarded: int
+    """Messages sent over it."""
+    forward_failures: int
+    """Messages that should have gone over it and could not (down, or its buffer full)."""
+    received: int
+    """Messages that came in over it and were taken."""
+    receive_failures: int
+    """Messages that came in over it and were refused (retransmitted by the peer)."""
+    dropped: Mapping[str, int]
+    """Messages dropped by reason: ``no_local``, ``duplicate``, and the reasons of the
+    stages plugins add (``hop_limit``, ``excluded``, ``no_eligible_destination`` ...)."""
+    interest: int
+    """Filters the peer wants from this side."""
+
+
+class LinkPipeline:
+    """Collects a link's stages during :func:`~meshbus.hookspecs.meshbus_link_pipeline`.
+
+    Egress stages see each message about to go out over the link, ingress stages each
+    message that came in over it, in the order they were added. A stage may change the
+    envelope (replace ``envelope.message`` with a new message, set
+    ``envelope.hop_count``) and returns whether the message goes on; a message a stage
+    stops is counted in the link's statistics under the stage's ``reason``.
+    """
+
+    def __init__(self) -> None:
+        self._egress: dict[str, tuple[Stage, str]] = {}
+        self._ingress: dict[str, tuple[Stage, str]] = {}
+
+    def add_egress(self, name: str, stage: Stage, *, reason: str | None = None) -> None:
+        """Add a stage for messages going out over the link.
+
+        :param name: unique among the link's egress stages (a plugin's name is a good choice).
+        :param reason: what a drop is counted as (default: ``name``).
+        """
+        self._add(self._egress, name, stage, reason)
+
+    def add_ingress(self, name: str, stage: Stage, *, reason: str | None = None) -> None:
+        """Add a stage for messages coming in over the link (see :meth:`add_egress`)."""
+        self._add(self._ingress, name, stage, reason)
+
+    @staticmethod
+    def _add(
+        stages: dict[str, tuple[Stage, str]], name: str, stage: Stage, reason: str | None
+    ) -> None:
+        if name in stages:
+            raise PluginError(f"a link stage named {name!r} is already in the pipeline", name)
+        if not callable(stage):
+            raise PluginError(f"link stage {name!r} is not callable: {stage!r}", name)
+        stages[name] = (stage, reason or name)
+
+    @property
+    def egress(self) -> tuple[str, ...]:
+        """Egress stage names, in call order."""
+        return tuple(self._egress)
+
+    @property
+    def ingress(self) -> tuple[str, ...]:
+        """Ingress stage names, in call order."""
+        return tuple(self._ingress)
+
+
+class OriginFilter:
+    """Remembers the origins of messages seen in the last ``window`` seconds.
+
+    At most ``max_entries`` are kept (the oldest go first), which bounds its memory to
+    roughly ``max_entries`` times 200 bytes: under heavy traffic the window is the
+    shorter of the two. Duplicates that loops make arrive within milliseconds.
+    """
+
+    __slots__ = ("_next_prune", "_now", "_seen", "max_entries", "window")
+
+    def __init__(
+        self, now: Callable[[], float], window: float = 10.0, max_entries: int = 100_000
+    ) -> None:
+        if not window > 0 or max_entries < 1:
+            raise ConfigurationError("origin de-duplication needs a window > 0 and entries >= 1")
+        self._now = now
+        self.window = window
+        self.max_entries = max_entries
+        self._seen: OrderedDict[tuple[str, int], float] = OrderedDict()
+        self._next_prune = float("inf")
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def check(self, origin: tuple[str, int]) -> bool:
+        """Whether ``origin`` was seen within the window; remember it now if not."""
+        now = self._now()
+        seen = self._seen
+        if now >= self._next_prune:
+            self._prune(now)
+        if origin in seen:
+            return True
+        if not seen:
+            self._next_prune = now + self.window
+        seen[origin] = now + self.window
+        if len(seen) > self.max_entries:
+            seen.popitem(last=False)
+        return False
+
+    def _prune(self, now: float) -> None:
+        seen = self._seen
+        while seen:
+            expires = next(iter(seen.values()))
+            if expires > now:
+                self._next_prune = expires
+                return
+            seen.popitem(last=False)
+        self._next_prune = float("inf")
+
+
+class Link(ABC):
+    """One path for messages between a VPN of this node and a VPN elsewhere.
+
+    Subclasses carry messages (:meth:`send`, and whatever brings messages in, which
+    calls :meth:`receive` or :meth:`receive_guaranteed`); the base class does what
+    every link shares: stages, interest, de-duplication, state and counters. A link
+    is made by whatever owns it (a transport, a plugin) and joins its VPN with
+    ``vpn.links.attach(link)``.
+
+    :param vpn: the local VPN.
+    :param name: unique among the VPN's links.
+    :param kind: what kind of link it is (``"bridge"``, ``"internal"``, ``"external"``,
+        ``"mqtt"`` or a plugin's own).
+    :param dedup: drop messages whose origin the VPN saw recently (SPEC 7).
+    :param endpoint: the local endpoint (queue) whose messages this link carries as
+        guaranteed messages, if any: the link router does not send a guaranteed
+        message as a direct copy over a link whose endpoint already holds it.
+    :param acl: the publish and subscribe rules of the identity the peer logged in as,
+        for links a peer opened to this node; ``None`` trusts the peer (links this node
+        opened, by its own configuration).
+    """
+
+    def __init__(
+        self,
+        vpn: Vpn,
+        name: str,
+        kind: str,
+        *,
+        dedup: bool = True,
+        endpoint: str | None = None,
+        acl: AclChecker | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"a link needs a non-empty name, got {name!r}")
+        self.vpn = vpn
+        self.name = name
+        self.kind = kind
+        self.dedup = dedup
+        self.endpoint = endpoint
+        self.acl = acl
+        #: The peer's node id and cluster, known once the link's connection is up.
+        self.peer_node: str | None = None
+        self.peer_cluster: str | None = None
+        #: Why the link is in its state (the last failure, a refusal), for people.
+        self.reason = ""
+        self._state = LinkState.CONNECTING
+        self._state_changed: anyio.Event | None = None
+        self._interest: dict[str, None] = {}
+        self._egress: tuple[tuple[Stage, str], ...] = ()
+        self._ingress: tuple[tuple[Stage, str], ...] = ()
+        self._admitted: dict[str, None] = {}  # topics the peer may publish (acl)
+        self.attached = False
+        self.connects = 0
+        self.connect_failures = 0
+        self.disconnects = 0
+        self.forwarded = 0
+        self.forward_failures = 0
+        self.received = 0
+        self.receive_failures = 0
+        self.dropped: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        kind = type(self).__name__
+        return f"<{kind} {self.name!r} {self.kind} vpn={self.vpn.name!r} {self._state.value}>"
+
+    # --- what subclasses provide -----------------------------------------------------
+
+    @abstractmethod
+    def send(self, envelope: Envelope) -> bool:
+        """Queue ``envelope.message`` for the peer, with ``envelope.hop_count``; never
+        block. Return ``False`` when it cannot be sent (down, or the buffer is full).
+
+        The envelope is reused after the call: keep what is needed, not the envelope.
+        """
+
+    # --- state --------------------------------------------------------------------------
+
+    @property
+    def state(self) -> LinkState:
+        """The link's state now."""
+        return self._state
+
+    def set_state(self, state: LinkState, reason: str = "") -> None:
+        """Move to ``state`` (the link's owner and plugins call this) and wake waiters."""
+        if not isinstance(state, LinkState):
+            raise TypeError(f"expected a LinkState, got {state!r}")
+        if reason:
+            self.reason = reason
+        if state is self._state:
+            return
+        self._state = state
+        event, self._state_changed = self._state_changed, None
+        if event is not None:
+            event.set()
+
+    async def wait_for(self, *states: LinkState) -> LinkState:
+        """Wait until the link is in one of ``states``; return the one it is in.
+
+        :raises StateError: it became :attr:`LinkState.DISABLED` first (unless that
+            is one of ``states``).
+        """
+        while self._state not in states:
+            if self._state is LinkState.DISABLED:
+                raise StateError(f"link {self.name!r} is disabled: {self.reason or 'stopped'}")
+            if self._state_changed is None:
+                self._state_changed = anyio.Event()
+            await self._state_changed.wait()
+        return self._state
+
+    # --- lifecycle, called by the link's owner ----------------------------------------
+
+    def opened(self, peer_node: str | None, peer_cluster: str | None = None) -> None:
+        """The link's connection is up and the peer is who it says: tell the plugins
+        (:func:`~meshbus.hookspecs.meshbus_link_opened`). The state becomes ``syncing``;
+        whoever tells the peer what this side wants sets ``in-sync`` when done."""
+        self._check_attached()
+        self.peer_node = peer_node
+        self.peer_cluster = peer_cluster
+        self.connects += 1
+        self.set_state(LinkState.SYNCING)
+        self.vpn.node.plugins.link_opened(self)
+
+    def closed(self, reason: str, state: LinkState = LinkState.BACKOFF) -> None:
+        """The link's connection went down: forget the peer's interest (it tells it again
+        when it comes back) and tell the plugins
+        (:func:`~meshbus.hookspecs.meshbus_link_closed`)."""
+        self._check_attached()
+        self.disconnects += 1
+        self.clear_interest()
+        self.set_state(state, reason)
+        self.vpn.node.plugins.link_closed(self, reason)
+
+    def _check_attached(self) -> None:
+        if not self.attached:
+            raise StateError(f"link {self.name!r} is not attached to its VPN")
+
+    # --- interest: what the peer wants from this VPN ------------------------------------
+
+    @property
+    def interest(self) -> tuple[str, ...]:
+        """The filters the peer wants from this side."""
+        return tuple(self._interest)
+
+    def add_interest(self, topic_filter: str) -> bool:
+        """The peer wants messages matching ``topic_filter``; return ``False`` if it
+        already did. The filter must be valid (SPEC 1); reserved ones (``#P2P/...``)
+        are allowed here.
+
+        :raises AccessDeniedError: the peer's subscribe rules refuse it.
+        """
+        if topic_filter in self._interest:
+            return False
+        if self.acl is not None and not self.acl.may_subscribe(topic_filter):
+            raise AccessDeniedError(self.name, "subscribe", topic_filter, "link ACL")
+        self._interest[topic_filter] = None
+        if self.attached:
+            self.vpn.links._add(topic_filter, self)
+        return True
+
+    def remove_interest(self, topic_filter: str) -> bool:
+        """The peer no longer wants ``topic_filter``; return ``False`` if it did not."""
+        if topic_filter not in self._interest:
+            return False
+        del self._interest[topic_filter]
+        if self.attached:
+            self.vpn.links._remove(topic_filter, self)
+        return True
+
+    def clear_interest(self) -> None:
+        """Forget every filter the peer wanted."""
+        for topic_filter in list(self._interest):
+            self.remove_interest(topic_filter)
+
+    # --- messages -----------------------------------------------------------------------
+
+    def count_drop(self, reason: str) -> None:
+        """Count a message dropped for ``reason`` (stages' drops are counted for them)."""
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def forward(self, envelope: Envelope) -> bool:
+        """Run the egress stages, then :meth:`send`; return whether it was sent."""
+        for stage, reason in self._egress:
+            if not stage(envelope):
+                self.dropped[reason] = self.dropped.get(reason, 0) + 1
+                return False
+        if self.send(envelope):
+            self.forwarded += 1
+            return True
+        self.forward_failures += 1
+        return False
+
+    def _admit(self, envelope: Envelope) -> bool:
+        """The ingress path shared by direct and guaranteed messages: de-duplication,
+        the stages, and the peer's publish rules. Return whether the message goes on."""
+        message = envelope.message
+        if self.dedup:
+            origin = message.options.origin
+            if origin is not None and self.vpn.links.origins.check(origin):
+                self.dropped["duplicate"] = self.dropped.get("duplicate", 0) + 1
+                return False
+        for stage, reason in self._ingress:
+            if not stage(envelope):
+                self.dropped[reason] = self.dropped.get(reason, 0) + 1
+                return False
+        acl = self.acl
+        if acl is not None:
+            topic = envelope.message.topic
+            if topic not in self._admitted:
+                if not acl.may_publish(topic):
+                    self.count_drop("denied")
+                    return False
+                if len(self._admitted) >= 4096:
+                    self._admitted.clear()
+                self._admitted[topic] = None
+        return True
+
+    def receive(self, message: Message) -> bool:
+        """A direct message came in over the link: route it in the local VPN (never back
+        over this link). Return whether it was taken (not dropped by a stage)."""
+        envelope = Envelope(message, self)
+        if not self._admit(envelope):
+            return False
+        self.received += 1
+        self.vpn.dispatch(envelope)
+        return True
+
+    async def receive_guaranteed(self, message: Message) -> bool:
+        """A guaranteed message came in over the link: spool it to every matching local
+        endpoint in one commit (SPEC 7), then deliver it to matching client
+        subscriptions as a direct message. Return once it is held, so the link can
+        acknowledge it to the peer: ``True`` when it was taken, ``False`` when a stage
+        dropped it (acknowledge it too: it is not wanted here).
+
+        :raises PublishRejectedError: an endpoint that matches cannot take it now;
+            nothing was kept, and the peer must send it again later.
+        """
+        envelope = Envelope(message, self, mode=message.delivery_mode)
+        if not self._admit(envelope):
+            return False
+        try:
+            await self.vpn.node.guaranteed.spool_from_link(self, envelope.message)
+        except BaseException:
+            self.receive_failures += 1
+            raise
+        self.received += 1
+        return True
+
+    def statistics(self) -> LinkStatistics:
+        """A snapshot of the link's counters."""
+        return LinkStatistics(
+            name=self.name,
+            kind=self.kind,
+            state=self._state,
+            peer_node=self.peer_node,
+            connects=self.connects,
+            connect_failures=self.connect_failures,
+            disconnects=self.disconnects,
+            forwarded=self.forwarded,
+            forward_failures=self.forward_failures,
+            received=self.received,
+            receive_failures=self.receive_failures,
+            dropped=dict(self.dropped),
+            interest=len(self._interest),
+        )
+
+
+class LinkRouter:
+    """The links of one VPN and the router that sends messages over them.
+
+    Reach it as ``vpn.links``. Its router is part of the VPN's pipeline (named
+    ``"links"``, after the plugins' routers) and is switched on only while some link
+    has interest, so a VPN without links pays nothing per publish.
+    """
+
+    ROUTER = "links"
+
+    def __init__(self, vpn: Vpn) -> None:
+        self.vpn = vpn
+        self._links: dict[str, Link] = {}
+        self.index: SubscriptionIndex[Link] = SubscriptionIndex()
+        #: The origins this VPN saw come in over links (see :class:`OriginFilter`).
+        self.origins = OriginFilter(vpn.node.clock.monotonic)
+        self.route = self._make_route()
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def __iter__(self) -> Iterator[Link]:
+        return iter(tuple(self._links.values()))
+
+    def get(self, name: str) -> Link | None:
+        """The link called ``name``, or ``None``."""
+        return self._links.get(name)
+
+    @property
+    def links(self) -> Mapping[str, Link]:
+        """The VPN's links by name."""
+        return dict(self._links)
+
+    def attach(self, link: Link) -> None:
+        """Join ``link`` to the VPN: its stages are asked for
+        (:func:`~meshbus.hookspecs.meshbus_link_pipeline`) and its interest starts to
+        attract messages.
+
+        :raises ConfigurationError: a link of that name is already attached.
+        """
+        if link.vpn is not self.vpn:
+            raise ConfigurationError(f"link {link.name!r} belongs to VPN {link.vpn.name!r}")
+        if link.name in self._links:
+            raise ConfigurationError(f"VPN {self.vpn.name!r} already has a link {link.name!r}")
+        pipeline = LinkPipeline()
+        self.vpn.node.plugins.link_pipeline(link, pipeline)
+        link._egress = tuple(pipeline._egress.values())
+        link._ingress = tuple(pipeline._ingress.values())
+        self._links[link.name] = link
+        link.attached = True
+        for topic_filter in link._interest:
+            self._add(topic_filter, link)
+
+    def detach(self, link: Link) -> None:
+        """Remove ``link`` from the VPN for good (its state becomes ``disabled``)."""
+        if self._links.get(link.name) is not link:
+            return
+        for topic_filter in link._interest:
+            self._remove(topic_filter, link)
+        del self._links[link.name]
+        link.attached = False
+        link.set_state(LinkState.DISABLED, link.reason or "removed")
+
+    def _add(self, topic_filter: str, link: Link) -> None:
+        self.index.add(topic_filter, link)
+        if len(self.index) == 1:
+            self.vpn.enable_router(self.ROUTER, True)
+
+    def _remove(self, topic_filter: str, link: Link) -> None:
+        self.index.remove(topic_filter, link)
+        if not len(self.index):
+            self.vpn.enable_router(self.ROUTER, False)
+
+    def _make_route(self) -> Callable[[Envelope], int]:
+        cached = self.index.cached
+        match = self.index.match
+        node = self.vpn.node
+        node_id = node.node_id
+        next_id = node.next_origin_id
+
+        def route(envelope: Envelope) -> int:
+            """Send the message once over each link that wants it, except where it came from."""
+            message = envelope.message
+            links = cached(message.topic)
+            if links is None:
+                links = match(message.topic)
+            source = envelope.origin
+            endpoints = envelope.endpoints
+            out: Envelope | None = None
+            sent = 0
+            for link in links:
+                if link is source:
+                    link.dropped["no_local"] = link.dropped.get("no_local", 0) + 1
+                    continue
+                if endpoints and link.endpoint in endpoints:
+                    continue  # its queue holds the guaranteed message: that copy goes
+                if out is None:
+                    if message.options.origin is None:
+                        message = with_origin(message, (node_id, next_id()))
+                    out = Envelope(message, source, endpoints, envelope.mode)
+                else:
+                    out.message = message  # a stage may have replaced it for the last link
+                out.hop_count = message.options.hop_count
+                if link.forward(out):
+                    sent += 1
+            return sent
+
+        return route
+
+    def vpn_removed(self) -> None:
+        for link in list(self._links.values()):
+            link.reason = f"VPN {self.vpn.name!r} was removed"
+            self.detach(link)
+
+
+def with_origin(message: Message, origin: tuple[str, int]) -> Message:
+    """``message`` with its origin set (the first time it leaves its node)."""
+    o = message.options
+    options = MessageOptions(
+        o.delivery_mode,
+        o.headers,
+        o.eliding_eligible,
+        o.reply_to,
+        o.correlation_id,
+        o.discard_indication,
+        o.redelivered,
+        o.message_id,
+        o.destination,
+        origin,
+        o.hop_count,
+        o.expires_at,
+    )
+    return make_message(message.topic, message.payload, message.sender, message.timestamp, options)
