@@ -13,6 +13,7 @@ from ._asyncio_tcp import READ_HIGH_WATER, AsyncioTcpStream
 from ._backoff import Backoff
 from ._client import RemoteSession, connect
 from ._framing import FrameDecoder, FrameKind, encode_frame
+from ._memory import MemoryListener, MemoryNetwork, MemoryStream
 from ._protocol import PROTOCOL_VERSION, LinkProtocol, LinkState, Role
 from ._remote_flow import RemoteFlow
 from ._server import Server, ServerStatistics, start_server
@@ -39,6 +40,9 @@ __all__ = [
     "LinkState",
     "ListenerSettings",
     "MemoryByteStream",
+    "MemoryListener",
+    "MemoryNetwork",
+    "MemoryStream",
     "RemoteFlow",
     "RemoteSession",
     "Role",
