@@ -287,47 +287,59 @@ class ServedSession:
 
     async def _sender(self) -> None:
         sends = self._sends
-        session = self.session
         while True:
             await self._sends_waiting.wait()
             self._sends_waiting = anyio.Event()
             while sends:
-                request, header, payload = sends.popleft()
-                if len(sends) < _MAX_PIPELINED_SENDS:
-                    self._sends_room.set()
+                batch = self._next_sends()
+                # Every request of the batch is answered below, once, whatever refused it:
+                # one message (its result), or the batch as a whole (its shared options, a
+                # closed session), which refuses each of its requests alike.
                 try:
-                    options = _send_options(header)
-                    queue = header.get("queue")
-                    if queue is not None:
-                        options.pop("eliding_eligible", None)
-                        await session.send_to_queue(_string(header, "queue"), payload, **options)
-                        self._ok(request)
-                        continue
-                    topic = _string(header, "topic")
-                    # Pipelined sends with the same options share one store commit.
-                    batch = [(request, topic, payload)]
-                    while sends and _same_send(sends[0][1], header):
-                        next_request, next_header, next_payload = sends.popleft()
-                        batch.append((next_request, _string(next_header, "topic"), next_payload))
-                    self._sends_room.set()
-                    if len(batch) == 1:
-                        await session.send(topic, payload, **options)
-                        self._ok(request)
-                        continue
-                    options.pop("eliding_eligible", None)
-                    options.pop("reply_to", None)
-                    options.pop("correlation_id", None)
-                    results = await session.send_many([(t, p) for _, t, p in batch], **options)
-                    for (each, _, _), result in zip(batch, results, strict=True):
-                        if result is None:
-                            self._ok(each)
-                        else:
-                            self._error(each, result)
+                    results = await self._send(batch)
                 except ProtocolError:
-                    raise
+                    raise  # the connection ends: the client fails what it still waits for
                 except (MeshbusError, TypeError, ValueError) as exc:
-                    self._error(request, exc)
+                    results = [exc] * len(batch)
+                for (request, _, _), result in zip(batch, results, strict=True):
+                    if result is None:
+                        self._ok(request)
+                    else:
+                        self._error(request, result)
             await self.connection.flush()
+
+    def _next_sends(self) -> list[tuple[int, dict[str, Any], bytes]]:
+        """The next SEND, with the pipelined ones behind it that can share its commit."""
+        sends = self._sends
+        batch = [sends.popleft()]
+        header = batch[0][1]
+        if header.get("queue") is None:
+            while sends and _same_send(sends[0][1], header):
+                batch.append(sends.popleft())
+        if len(sends) < _MAX_PIPELINED_SENDS:
+            self._sends_room.set()
+        return batch
+
+    async def _send(self, batch: list[tuple[int, dict[str, Any], bytes]]) -> list[Any]:
+        """Send ``batch``; one result per request: ``None`` (held) or the refusal.
+
+        Raises when the batch is refused as a whole.
+        """
+        session = self.session
+        _, header, payload = batch[0]
+        options = _send_options(header)
+        if header.get("queue") is not None:
+            options.pop("eliding_eligible", None)
+            await session.send_to_queue(_string(header, "queue"), payload, **options)
+            return [None]
+        if len(batch) == 1:
+            await session.send(_string(header, "topic"), payload, **options)
+            return [None]
+        options.pop("eliding_eligible", None)
+        options.pop("reply_to", None)
+        options.pop("correlation_id", None)
+        messages = [(_string(each, "topic"), body) for _, each, body in batch]
+        return await session.send_many(messages, **options)
 
     # --- flows --------------------------------------------------------------------------
 
