@@ -313,8 +313,8 @@ class ServedSession:
         sends = self._sends
         batch = [sends.popleft()]
         header = batch[0][1]
-        if header.get("queue") is None:
-            while sends and _same_send(sends[0][1], header):
+        if _batchable(header):
+            while sends and _batchable(sends[0][1]) and _same_send(sends[0][1], header):
                 batch.append(sends.popleft())
         if len(sends) < _MAX_PIPELINED_SENDS:
             self._sends_room.set()
@@ -335,9 +335,7 @@ class ServedSession:
         if len(batch) == 1:
             await session.send(_string(header, "topic"), payload, **options)
             return [None]
-        options.pop("eliding_eligible", None)
-        options.pop("reply_to", None)
-        options.pop("correlation_id", None)
+        # Only batchable sends get here: their options are the ones send_many takes.
         messages = [(_string(each, "topic"), body) for _, each, body in batch]
         return await session.send_many(messages, **options)
 
@@ -528,11 +526,23 @@ def _string(header: dict[str, Any], key: str) -> str:
     return value
 
 
-_SEND_KEYS = ("persistent", "h", "ttl", "e", "r", "c")
+_SEND_KEYS = ("persistent", "h", "ttl")
+
+
+def _batchable(header: dict[str, Any]) -> bool:
+    """A SEND that :meth:`~meshbus.Session.send_many` can carry: to a topic, without a
+    reply-to, correlation id or eliding flag (those are per message, not per batch)."""
+    return (
+        type(header.get("topic")) is str
+        and header.get("queue") is None
+        and "r" not in header
+        and "c" not in header
+        and "e" not in header
+    )
 
 
 def _same_send(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return "topic" in a and all(a.get(k) == b.get(k) for k in _SEND_KEYS)
+    return all(a.get(k) == b.get(k) for k in _SEND_KEYS)
 
 
 def _send_options(header: dict[str, Any]) -> dict[str, Any]:

@@ -95,6 +95,25 @@ async def test_a_batch_with_one_refused_message_answers_the_others() -> None:
         await client.hang_up()
 
 
+async def test_pipelined_sends_keep_their_reply_to_and_correlation_id() -> None:
+    async with serving() as (node, server, tg):
+        async with node.connect(client_name="responder") as responder:
+            responder.subscribe("service/>")
+            client = Client(server, tg, "requester")
+            await client.login()
+            for request in (1, 2, 3):
+                header = {"id": request, "topic": "service/x", "r": "inbox/me", "c": "same"}
+                client.protocol.send(K.SEND, header, b"question")
+            await client.flush()
+            found = once(await answers(client, {1, 2, 3}))
+            assert [found[i][0] for i in (1, 2, 3)] == [K.OK] * 3
+            for _ in range(3):
+                message = responder.receive_nowait()
+                assert message is not None
+                assert (message.reply_to, message.correlation_id) == ("inbox/me", "same")
+        await client.hang_up()
+
+
 # --- every request, exactly one answer: pipelined requests of every kind ---------------------
 
 _ABSENT = object()
