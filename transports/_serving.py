@@ -527,6 +527,7 @@ def _string(header: dict[str, Any], key: str) -> str:
 
 
 _SEND_KEYS = ("persistent", "h", "ttl")
+_MISSING = object()
 
 
 def _batchable(header: dict[str, Any]) -> bool:
@@ -542,7 +543,19 @@ def _batchable(header: dict[str, Any]) -> bool:
 
 
 def _same_send(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a.get(k) == b.get(k) for k in _SEND_KEYS)
+    """Whether two SENDs have the same options, as the wire gave them: ``1`` and ``true``
+    differ, so a batch never lets through what the first one's checks would refuse."""
+    return all(_same(a.get(k, _MISSING), b.get(k, _MISSING)) for k in _SEND_KEYS)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same(value, b[key]) for key, value in a.items())
+    if type(a) is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def _send_options(header: dict[str, Any]) -> dict[str, Any]:

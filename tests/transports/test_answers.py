@@ -114,6 +114,36 @@ async def test_pipelined_sends_keep_their_reply_to_and_correlation_id() -> None:
         await client.hang_up()
 
 
+async def test_a_batch_never_lets_a_send_through_with_another_ones_options() -> None:
+    # JSON's true is not 1: a SEND batched behind an equal-looking one must be checked,
+    # and stored, with its own options.
+    async with serving() as (node, server, tg):
+        async with node.connect(client_name="watcher") as watcher:
+            watcher.subscribe("t/>")
+            client = Client(server, tg, "pipeliner")
+            await client.login()
+            frames = [
+                {"id": 1, "topic": "t/a", "ttl": 1},
+                {"id": 2, "topic": "t/b", "ttl": True},  # refused when sent alone
+                {"id": 3, "topic": "t/c", "h": {"n": 1}},
+                {"id": 4, "topic": "t/d", "h": {"n": True}},
+            ]
+            for header in frames:
+                client.protocol.send(K.SEND, header, b"x")
+            await client.flush()
+            found = once(await answers(client, {1, 2, 3, 4}))
+            assert [found[i][0] for i in (1, 2, 3, 4)] == [K.OK, K.ERROR, K.OK, K.OK]
+            assert found[2][1]["attrs"]["reason"] == "invalid-ttl"
+            received = {}
+            for _ in range(3):
+                message = watcher.receive_nowait()
+                assert message is not None
+                received[message.topic] = dict(message.headers)
+            assert received == {"t/a": {}, "t/c": {"n": 1}, "t/d": {"n": True}}
+            assert type(received["t/d"]["n"]) is bool
+        await client.hang_up()
+
+
 # --- every request, exactly one answer: pipelined requests of every kind ---------------------
 
 _ABSENT = object()
