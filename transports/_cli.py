@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Any
@@ -65,6 +66,11 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     sub.add_argument(
         "-F", "--format", choices=("text", "json"), default="text", help="output format"
     )
+    sub.add_argument(
+        "--reconnect",
+        action="store_true",
+        help="when the node goes away, reconnect (and say so on stderr) instead of exiting",
+    )
     stats = commands.add_parser("stats", help="show a running node's statistics")
     _connection_options(stats)
 
@@ -82,7 +88,7 @@ def _session(args: argparse.Namespace) -> RemoteSession:
         timestamps=getattr(args, "timestamps", False),
         tls=tls,
         compression=args.compression,
-        reconnect=False,
+        reconnect=getattr(args, "reconnect", False),
     )
 
 
@@ -127,11 +133,13 @@ async def _pub(args: argparse.Namespace) -> None:
 async def _sub(args: argparse.Namespace) -> None:
     if not args.subscriptions and not args.queue:
         raise MeshbusError("give at least one subscription, or --queue")
+    if args.subscriptions and args.queue:
+        raise MeshbusError("give subscriptions or --queue, not both")
+    if args.reconnect:
+        _report_reconnects()
     received = 0
     async with _session(args) as session:
         if args.queue:
-            if args.subscriptions:
-                raise MeshbusError("give subscriptions or --queue, not both")
             async with await session.bind(args.queue) as flow:
                 print(f"bound to queue {args.queue}", file=sys.stderr)
                 async for message in flow:
@@ -150,6 +158,20 @@ async def _sub(args: argparse.Namespace) -> None:
                 received += 1
                 if received == args.count:
                     return
+        # The messages stopped before COUNT: the node went away (or, for a queue, closed
+        # the flow). Not a success, whatever the application side of the session saw.
+        if session.lost is not None:
+            raise session.lost
+        raise MeshbusError(f"the node closed the flow of queue {args.queue!r}")
+
+
+def _report_reconnects() -> None:
+    """Show on stderr what the session logs as it loses, seeks and regains its node."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("meshbus sub: %(message)s"))
+    logger = logging.getLogger("meshbus.transports")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def _print(message: Any, form: str) -> None:
