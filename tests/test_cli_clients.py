@@ -1,21 +1,29 @@
-"""``meshbus sub`` when its node goes away, each a process of its own.
+"""``meshbus pub`` and ``sub`` against a ``meshbus run`` node, each a process of its own.
 
-A subscriber that loses its node must not look like one that finished: without
-``--reconnect`` it exits 1 with one line on standard error; with it, it says on
-standard error when the node is lost and when it is back, and goes on printing.
+Payloads are bytes: what ``pub`` is given (an argument, a file, standard input)
+arrives unchanged, and each ``sub`` format shows it without loss. A subscriber that
+loses its node must not look like one that finished: without ``--reconnect`` it
+exits 1 with one line on standard error; with it, it says on standard error when
+the node is lost and when it is back, and goes on printing.
 """
 
 from __future__ import annotations
 
+import base64
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from .test_e2e import LISTENING, Process, Setup, Start
 
 KILLS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
+#: Not UTF-8 (the issue's example, and a Latin-1 word), UTF-8, and empty.
+PAYLOADS = [b"\x00\xff\xfe", "café".encode("latin-1"), "café ☕\nline 2".encode(), b""]
 
 
 @pytest.fixture
@@ -37,6 +45,59 @@ def start(setup: Setup) -> Iterator[Start]:
     finally:
         for process in started:
             process.close()
+
+
+def command(setup: Setup, *args: str | bytes, stdin: bytes = b"") -> tuple[int, bytes, str]:
+    """Run ``python -m meshbus ARGS`` to its end: exit status, stdout bytes, stderr text."""
+    done = subprocess.run(
+        [sys.executable, "-m", "meshbus", *args],
+        cwd=setup.folder,
+        env=setup.env,
+        input=stdin,
+        capture_output=True,
+        timeout=15,
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr.decode(errors="replace")
+
+
+def publish_each_way(setup: Setup, topic: str) -> None:
+    """Send :data:`PAYLOADS` to ``topic``, guaranteed: as an argument (its bytes as the OS
+    passes them), from a file, from standard input with ``-`` and without an argument."""
+    for n, payload in enumerate(PAYLOADS):
+        options = [*setup.options(), "-g", topic]
+        if n == 0:
+            path = setup.folder / "payload.bin"
+            path.write_bytes(payload)
+            args, stdin = [*options, "-f", str(path)], b""
+        elif n == 1:
+            args, stdin = [*options, payload], b""  # bytes in argv: not UTF-8
+        elif n == 2:
+            args, stdin = [*options, "-"], payload
+        else:
+            args, stdin = options, payload
+        status, out, err = command(setup, "pub", *args, stdin=stdin)
+        assert (status, out, err) == (0, b"", f"published 1 message(s) to {topic}\n"), args
+
+
+@pytest.mark.slow  # about 4 s: a node, a process per publish, one subscriber
+def test_binary_payloads_arrive_unchanged_however_pub_is_given_them(
+    setup: Setup, start: Start
+) -> None:
+    setup.start_node(start)
+    publish_each_way(setup, "alarms/raw")
+    status, out, err = command(
+        setup, "sub", *setup.options(), "--queue", "alarms", "-C", "4", "-F", "json"
+    )
+    assert (status, err) == (0, "bound to queue alarms\n")
+    records = [orjson.loads(line) for line in out.splitlines()]
+    assert [r["topic"] for r in records] == ["alarms/raw"] * 4
+    assert [r["payload_encoding"] for r in records] == ["base64", "base64", "utf-8", "utf-8"]
+    decoded = [
+        base64.b64decode(r["payload"]) if r["payload_encoding"] == "base64" else r["payload"]
+        for r in records
+    ]
+    assert decoded == [PAYLOADS[0], PAYLOADS[1], PAYLOADS[2].decode(), ""]
 
 
 def subscriber(setup: Setup, start: Start, mode: str, *extra: str) -> tuple[Process, str]:
