@@ -201,7 +201,11 @@ class Vpn:
             raise StateError("the node is not running: use 'async with node:' first")
         check_identity("username", username)
         if client_name is None:
+            # Skip names in use: a remote session keeps the name it was given across a
+            # node restart, and the restarted node's counter comes to it again.
             client_name = f"{self.node.name}-{next(self._client_ids)}"
+            while client_name in self._sessions:
+                client_name = f"{self.node.name}-{next(self._client_ids)}"
         check_identity("client name", client_name)
         if client_name in self._sessions:
             raise StateError(f"client name {client_name!r} is already in use in VPN {self.name!r}")

@@ -1,40 +1,26 @@
-"""Test helpers, also a pytest plugin (loaded automatically when meshbus is installed).
+"""Test helpers for applications built on meshbus; importing them does not need pytest.
 
-Fixtures (async, for tests run by anyio's pytest plugin):
+The fixtures of meshbus's pytest plugin (the ``pytest11`` entry point ``meshbus``,
+a module of its own because it needs pytest) are these: async fixtures for anyio's
+pytest plugin (give the test an ``anyio_backend``, or run anyio in auto mode), each
+function scoped.
 
-* ``meshbus_clock``: a :class:`ManualClock` for the node;
-* ``meshbus_node``: a running :class:`meshbus.Node` with the default plugins on that clock;
-* ``meshbus_session``: a session on its default VPN.
+``meshbus_clock``
+    A :class:`~meshbus.ManualClock`: time moves only when the test calls
+    :meth:`~meshbus.ManualClock.advance`.
+
+``meshbus_node``
+    A running :class:`meshbus.Node` named ``test`` with the default plugins, a
+    fixed random seed (``seed=0``) and ``meshbus_clock`` as its clock; stopped
+    after the test.
+
+``meshbus_session``
+    A :class:`meshbus.Session` named ``test-session`` on the default VPN of
+    ``meshbus_node``; closed after the test.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-
 from ._clock import ManualClock
-from ._node import Node
-from ._session import Session
 
-__all__ = ["ManualClock", "meshbus_clock", "meshbus_node", "meshbus_session"]
-
-
-@pytest.fixture
-def meshbus_clock() -> ManualClock:
-    """A clock that moves only when the test calls ``advance``."""
-    return ManualClock()
-
-
-@pytest.fixture
-async def meshbus_node(anyio_backend: object, meshbus_clock: ManualClock) -> AsyncIterator[Node]:
-    """A running node with the default plugins, a fixed random seed and a manual clock."""
-    async with Node(name="test", clock=meshbus_clock, seed=0) as node:
-        yield node
-
-
-@pytest.fixture
-async def meshbus_session(meshbus_node: Node) -> AsyncIterator[Session]:
-    """A session on the default VPN of ``meshbus_node``."""
-    async with meshbus_node.connect(client_name="test-session") as session:
-        yield session
+__all__ = ["ManualClock"]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import logging
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 import orjson
 
@@ -44,8 +47,11 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     pub = commands.add_parser("pub", help="publish messages to a running node")
     _connection_options(pub)
     pub.add_argument("topic")
-    pub.add_argument("message", nargs="?", help="payload (default: read stdin)")
-    pub.add_argument("-l", "--lines", action="store_true", help="one message per stdin line")
+    pub.add_argument("message", nargs="?", help="payload ('-' or none: read stdin)")
+    pub.add_argument("-f", "--file", help="read the payload from FILE ('-': stdin)")
+    pub.add_argument(
+        "-l", "--lines", action="store_true", help="one message per line of stdin or FILE"
+    )
     pub.add_argument("-n", "--count", type=int, default=1, help="send the message N times")
     pub.add_argument(
         "-g", "--guaranteed", action="store_true", help="guaranteed (persistent) messages"
@@ -62,8 +68,11 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     sub.add_argument("subscriptions", nargs="*", help="topic filters (e.g. 'orders/>')")
     sub.add_argument("-q", "--queue", help="bind to this queue instead (guaranteed)")
     sub.add_argument("-C", "--count", type=int, default=0, help="exit after N messages")
+    sub.add_argument("-F", "--format", choices=tuple(FORMATS), default="text", help="output format")
     sub.add_argument(
-        "-F", "--format", choices=("text", "json"), default="text", help="output format"
+        "--reconnect",
+        action="store_true",
+        help="when the node goes away, reconnect (and say so on stderr) instead of exiting",
     )
     stats = commands.add_parser("stats", help="show a running node's statistics")
     _connection_options(stats)
@@ -82,7 +91,7 @@ def _session(args: argparse.Namespace) -> RemoteSession:
         timestamps=getattr(args, "timestamps", False),
         tls=tls,
         compression=args.compression,
-        reconnect=False,
+        reconnect=getattr(args, "reconnect", False),
     )
 
 
@@ -90,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``pub``, ``sub`` or ``stats``; print errors as one line and return 1."""
     main = {"pub": _pub, "sub": _sub, "stats": _stats}[args.command]
     try:
+        _check_text(args)
         run_on_loop(main, args)
     except MeshbusError as exc:
         print(f"meshbus {args.command}: error: {exc}", file=sys.stderr)
@@ -108,12 +118,7 @@ async def _pub(args: argparse.Namespace) -> None:
         if not sep:
             raise MeshbusError(f"--header needs KEY=VALUE, got {item!r}")
         headers[key] = value
-    if args.message is not None:
-        payloads = [args.message.encode()] * max(args.count, 1)
-    elif args.lines:
-        payloads = [line.rstrip(b"\n") for line in sys.stdin.buffer]
-    else:
-        payloads = [sys.stdin.buffer.read()] * max(args.count, 1)
+    payloads = _payloads(args)
     async with _session(args) as session:
         for payload in payloads:
             if args.guaranteed:
@@ -124,18 +129,79 @@ async def _pub(args: argparse.Namespace) -> None:
     print(f"published {len(payloads)} message(s) to {args.topic}", file=sys.stderr)
 
 
+def _payloads(args: argparse.Namespace) -> list[bytes]:
+    """What ``pub`` sends: the argument, the file or standard input, as bytes."""
+    if args.message is not None and args.file is not None:
+        raise MeshbusError("give a MESSAGE or --file, not both")
+    if args.message is not None and args.message != "-":
+        if args.lines:
+            raise MeshbusError("--lines reads standard input or --file, not a MESSAGE")
+        # The OS passes arguments as bytes and Python decodes them with surrogate
+        # escapes: fsencode gives back the very bytes given, whether UTF-8 or not.
+        return [os.fsencode(args.message)] * max(args.count, 1)
+    path = args.file if args.file not in (None, "-") else None
+    if path is None:
+        return _read(sys.stdin.buffer, args)
+    try:
+        with open(path, "rb") as file:
+            return _read(file, args)
+    except OSError as exc:
+        raise MeshbusError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _read(source: IO[bytes], args: argparse.Namespace) -> list[bytes]:
+    if args.lines:
+        return [line.rstrip(b"\n") for line in source]
+    return [source.read()] * max(args.count, 1)
+
+
+# Options whose values go to the node as text (JSON strings): a name that is not
+# UTF-8 (the OS hands it over with surrogate escapes) is refused here, naming it,
+# rather than failing with a traceback deep in the encoder. Payloads are bytes, and
+# file names are the OS's own, so neither is checked.
+_TEXT_OPTIONS = {
+    "topic": "TOPIC",
+    "subscriptions": "FILTER",
+    "queue": "--queue",
+    "header": "--header",
+    "url": "--url",
+    "vpn": "--vpn",
+    "username": "--username",
+    "password": "--password",
+    "client_name": "--client-name",
+}
+
+
+def _check_text(args: argparse.Namespace) -> None:
+    for name, option in _TEXT_OPTIONS.items():
+        value = getattr(args, name, None)
+        for each in value if isinstance(value, list) else [value]:
+            if isinstance(each, str) and not each.isascii():
+                try:
+                    each.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise MeshbusError(
+                        f"{option} is not UTF-8 text: {os.fsencode(each)!r}"
+                    ) from None
+
+
 async def _sub(args: argparse.Namespace) -> None:
     if not args.subscriptions and not args.queue:
         raise MeshbusError("give at least one subscription, or --queue")
+    if args.subscriptions and args.queue:
+        raise MeshbusError("give subscriptions or --queue, not both")
+    if args.reconnect:
+        _report_reconnects()
+    write = FORMATS[args.format]
+    out = sys.stdout.buffer
     received = 0
     async with _session(args) as session:
         if args.queue:
-            if args.subscriptions:
-                raise MeshbusError("give subscriptions or --queue, not both")
             async with await session.bind(args.queue) as flow:
                 print(f"bound to queue {args.queue}", file=sys.stderr)
                 async for message in flow:
-                    _print(message, args.format)
+                    write(message, out)
+                    out.flush()
                     flow.ack(message)
                     received += 1
                     if received == args.count:
@@ -146,26 +212,72 @@ async def _sub(args: argparse.Namespace) -> None:
             await session.confirm()
             print(f"subscribed to {', '.join(args.subscriptions)}", file=sys.stderr)
             async for message in session:
-                _print(message, args.format)
+                write(message, out)
+                out.flush()
                 received += 1
                 if received == args.count:
                     return
+        # The messages stopped before COUNT: the node went away (or, for a queue, closed
+        # the flow). Not a success, whatever the application side of the session saw.
+        if session.lost is not None:
+            raise session.lost
+        raise MeshbusError(f"the node closed the flow of queue {args.queue!r}")
 
 
-def _print(message: Any, form: str) -> None:
-    if form == "json":
-        record = {
-            "topic": message.topic,
-            "payload": message.payload.decode("utf-8", "replace"),
-            "sender": message.sender,
-            "timestamp": message.timestamp,
-            "headers": dict(message.headers),
-            "delivery_mode": message.delivery_mode.value,
-        }
-        line = orjson.dumps(record).decode()
-    else:
-        line = f"{message.topic} {message.payload.decode('utf-8', 'replace')}"
-    print(line, flush=True)
+def _report_reconnects() -> None:
+    """Show on stderr what the session logs as it loses, seeks and regains its node."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("meshbus sub: %(message)s"))
+    logger = logging.getLogger("meshbus.transports")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def _text(payload: bytes) -> str:
+    # Bytes that are not UTF-8 are shown as \xNN escapes: visible, never replaced.
+    return payload.decode("utf-8", "backslashreplace")
+
+
+def _json(message: Any, out: IO[bytes]) -> None:
+    try:
+        payload, encoding = message.payload.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        payload, encoding = base64.b64encode(message.payload).decode("ascii"), "base64"
+    record = {
+        "topic": message.topic,
+        "payload": payload,
+        "payload_encoding": encoding,
+        "sender": message.sender,
+        "timestamp": message.timestamp,
+        "headers": dict(message.headers),
+        "delivery_mode": message.delivery_mode.value,
+    }
+    out.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+
+
+def _raw(message: Any, out: IO[bytes]) -> None:
+    out.write(message.payload)
+
+
+def _line(payload: Callable[[bytes], str | bytes]) -> Callable[[Any, IO[bytes]], None]:
+    def write(message: Any, out: IO[bytes]) -> None:
+        shown = payload(message.payload)
+        if isinstance(shown, str):
+            shown = shown.encode("utf-8")
+        out.write(b"%s %s\n" % (message.topic.encode("utf-8"), shown))
+
+    return write
+
+
+#: ``meshbus sub -F``: how each message is written to standard output (as bytes, so
+#: what is shown does not depend on the locale).
+FORMATS: dict[str, Callable[[Any, IO[bytes]], None]] = {
+    "text": _line(_text),
+    "json": _json,
+    "raw": _raw,
+    "hex": _line(bytes.hex),
+    "base64": _line(base64.b64encode),
+}
 
 
 async def _stats(args: argparse.Namespace) -> None:

@@ -134,6 +134,10 @@ class RemoteSession:
         self._connected = False
         self._closing = False
         self.closed = False
+        #: Why the session closed itself: the connection was lost and ``reconnect`` is off
+        #: (a :class:`~meshbus.errors.TransportError` saying ``connection to URL lost: ...``,
+        #: caused by what ended it). ``None`` while open and after the application closed it.
+        self.lost: TransportError | None = None
         self._kick = anyio.Event()
         self._written = anyio.Event()
         self._stack: AsyncExitStack | None = None
@@ -296,6 +300,7 @@ class RemoteSession:
 
     async def _keep_connected(self) -> None:
         while not self.closed:
+            why: MeshbusError = TransportError("the connection ended")
             try:
                 with unwrap_errors():
                     async with anyio.create_task_group() as tg:
@@ -307,18 +312,22 @@ class RemoteSession:
                 if self._closing:
                     return
                 log.warning("connection to %s lost: %s", self.url, exc)
+                why = exc
             if self._closing:
                 return
-            await self._lost()
+            await self._lost(why)
 
-    async def _lost(self) -> None:
+    async def _lost(self, why: MeshbusError) -> None:
         self._connected = False
         for flow in self._flow_list:  # the node gives their messages back: they come again
             flow._rebound(0)
         if self._connection is not None:
             await self._connection.aclose()
         if not self.reconnect:
-            self._fail_requests(TransportError(f"connection to {self.url} lost"))
+            lost = TransportError(f"connection to {self.url} lost: {why}")
+            lost.__cause__ = why
+            self.lost = lost
+            self._fail_requests(lost)
             await self._shut_down(wait_for_tasks=False)  # this task is the supervisor
             return
         while not self._closing:

@@ -287,47 +287,57 @@ class ServedSession:
 
     async def _sender(self) -> None:
         sends = self._sends
-        session = self.session
         while True:
             await self._sends_waiting.wait()
             self._sends_waiting = anyio.Event()
             while sends:
-                request, header, payload = sends.popleft()
-                if len(sends) < _MAX_PIPELINED_SENDS:
-                    self._sends_room.set()
+                batch = self._next_sends()
+                # Every request of the batch is answered below, once, whatever refused it:
+                # one message (its result), or the batch as a whole (its shared options, a
+                # closed session), which refuses each of its requests alike.
                 try:
-                    options = _send_options(header)
-                    queue = header.get("queue")
-                    if queue is not None:
-                        options.pop("eliding_eligible", None)
-                        await session.send_to_queue(_string(header, "queue"), payload, **options)
-                        self._ok(request)
-                        continue
-                    topic = _string(header, "topic")
-                    # Pipelined sends with the same options share one store commit.
-                    batch = [(request, topic, payload)]
-                    while sends and _same_send(sends[0][1], header):
-                        next_request, next_header, next_payload = sends.popleft()
-                        batch.append((next_request, _string(next_header, "topic"), next_payload))
-                    self._sends_room.set()
-                    if len(batch) == 1:
-                        await session.send(topic, payload, **options)
-                        self._ok(request)
-                        continue
-                    options.pop("eliding_eligible", None)
-                    options.pop("reply_to", None)
-                    options.pop("correlation_id", None)
-                    results = await session.send_many([(t, p) for _, t, p in batch], **options)
-                    for (each, _, _), result in zip(batch, results, strict=True):
-                        if result is None:
-                            self._ok(each)
-                        else:
-                            self._error(each, result)
+                    results = await self._send(batch)
                 except ProtocolError:
-                    raise
+                    raise  # the connection ends: the client fails what it still waits for
                 except (MeshbusError, TypeError, ValueError) as exc:
-                    self._error(request, exc)
+                    results = [exc] * len(batch)
+                for (request, _, _), result in zip(batch, results, strict=True):
+                    if result is None:
+                        self._ok(request)
+                    else:
+                        self._error(request, result)
             await self.connection.flush()
+
+    def _next_sends(self) -> list[tuple[int, dict[str, Any], bytes]]:
+        """The next SEND, with the pipelined ones behind it that can share its commit."""
+        sends = self._sends
+        batch = [sends.popleft()]
+        header = batch[0][1]
+        if _batchable(header):
+            while sends and _batchable(sends[0][1]) and _same_send(sends[0][1], header):
+                batch.append(sends.popleft())
+        if len(sends) < _MAX_PIPELINED_SENDS:
+            self._sends_room.set()
+        return batch
+
+    async def _send(self, batch: list[tuple[int, dict[str, Any], bytes]]) -> list[Any]:
+        """Send ``batch``; one result per request: ``None`` (held) or the refusal.
+
+        Raises when the batch is refused as a whole.
+        """
+        session = self.session
+        _, header, payload = batch[0]
+        options = _send_options(header)
+        if header.get("queue") is not None:
+            options.pop("eliding_eligible", None)
+            await session.send_to_queue(_string(header, "queue"), payload, **options)
+            return [None]
+        if len(batch) == 1:
+            await session.send(_string(header, "topic"), payload, **options)
+            return [None]
+        # Only batchable sends get here: their options are the ones send_many takes.
+        messages = [(_string(each, "topic"), body) for _, each, body in batch]
+        return await session.send_many(messages, **options)
 
     # --- flows --------------------------------------------------------------------------
 
@@ -516,11 +526,36 @@ def _string(header: dict[str, Any], key: str) -> str:
     return value
 
 
-_SEND_KEYS = ("persistent", "h", "ttl", "e", "r", "c")
+_SEND_KEYS = ("persistent", "h", "ttl")
+_MISSING = object()
+
+
+def _batchable(header: dict[str, Any]) -> bool:
+    """A SEND that :meth:`~meshbus.Session.send_many` can carry: to a topic, without a
+    reply-to, correlation id or eliding flag (those are per message, not per batch)."""
+    return (
+        type(header.get("topic")) is str
+        and header.get("queue") is None
+        and "r" not in header
+        and "c" not in header
+        and "e" not in header
+    )
 
 
 def _same_send(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return "topic" in a and all(a.get(k) == b.get(k) for k in _SEND_KEYS)
+    """Whether two SENDs have the same options, as the wire gave them: ``1`` and ``true``
+    differ, so a batch never lets through what the first one's checks would refuse."""
+    return all(_same(a.get(k, _MISSING), b.get(k, _MISSING)) for k in _SEND_KEYS)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same(value, b[key]) for key, value in a.items())
+    if type(a) is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def _send_options(header: dict[str, Any]) -> dict[str, Any]:
