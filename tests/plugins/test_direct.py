@@ -14,6 +14,7 @@ from meshbus import (
 )
 from meshbus.plugins import direct
 from meshbus.plugins.direct import ROUTER, DirectRouter
+from tests.sdk.test_index import WORD, overlapping_filters, work
 
 
 def drain(session: Session) -> list[Message]:
@@ -129,6 +130,32 @@ async def test_plain_and_noexport_subscriptions_share_a_filter(meshbus_node: Nod
     sub.publish("a", b"3")
     assert [m.payload for m in drain(sub)] == [b"1", b"2"]
     assert sub not in router.refcounts
+
+
+async def test_a_publish_costs_the_same_however_many_of_a_sessions_filters_match(
+    meshbus_node: Node,
+) -> None:
+    """Issue 13, defect 5: a session's 1,000 overlapping wildcard filters must not make a
+    publish to a fresh topic cost more than 100 of them do; delivery stays once per session."""
+    filters = overlapping_filters(3)
+    most = {}
+    for size in (100, len(filters)):
+        vpn = meshbus_node.create_vpn(f"v{size}")
+        subscriber = meshbus_node.connect(vpn.name, no_local=True)
+        watcher = meshbus_node.connect(vpn.name)
+        watcher.subscribe(f"{WORD}/>")
+        for f in filters[:size]:
+            subscriber.subscribe(f)
+        most[size] = 0
+        for i in range(10):  # fresh topics: every publish misses the match cache
+            topic = f"{WORD}/{WORD}/{WORD}{i}"
+            cost = work(lambda t: subscriber.publish(t, b"x"), topic)  # noqa: B023
+            most[size] = max(most[size], cost)
+            watcher.publish(topic, b"y")
+        assert [m.payload for m in drain(subscriber)] == [b"y"] * 10  # no-local, once each
+        assert [m.payload for m in drain(watcher)] == [b"x", b"y"] * 10
+        assert vpn.statistics().delivered == 30
+    assert most[1000] <= most[100] + 40, most
 
 
 async def test_closing_a_session_removes_it_from_the_router(meshbus_node: Node) -> None:
