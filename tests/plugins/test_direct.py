@@ -158,6 +158,30 @@ async def test_a_publish_costs_the_same_however_many_of_a_sessions_filters_match
     assert most[1000] <= most[100] + 40, most
 
 
+async def test_spilled_filters_keep_no_local_and_shared_subscriptions_apart(
+    meshbus_node: Node,
+) -> None:
+    """Filters past the index's spill point still obey no-local, and a shared subscription
+    of the same session still gets its own copy (shared deliveries ignore no-local)."""
+    me = meshbus_node.connect(no_local=True)
+    other = meshbus_node.connect()
+    filters = overlapping_filters(3)[:200]  # past the 64 the shared trie keeps per subscriber
+    for f in filters:
+        me.subscribe(f)
+    me.subscribe(f"#share/g/{WORD}/>")
+    router = meshbus_node.vpn().stash[ROUTER]
+    assert me in router.index._own  # the spilled filters are in a trie of its own
+    topic = f"{WORD}/{WORD}/{WORD}x"
+    me.publish(topic, b"mine")  # no direct copy back; the shared group's copy comes
+    other.publish(topic, b"theirs")  # one direct copy (however many filters) + the shared one
+    assert sorted(m.payload for m in drain(me)) == [b"mine", b"theirs", b"theirs"]
+    for f in filters:
+        me.unsubscribe(f)
+    assert me not in router.index._own
+    other.publish(topic, b"shared only")
+    assert [m.payload for m in drain(me)] == [b"shared only"]
+
+
 async def test_closing_a_session_removes_it_from_the_router(meshbus_node: Node) -> None:
     router = meshbus_node.vpn().stash[ROUTER]
     sub = meshbus_node.connect()
