@@ -83,6 +83,21 @@ class ClientProfile:
     """Topics tracked per session for eliding before the oldest are aged out."""
     max_subscriptions: int = attrs.field(default=500_000, validator=_positive)
     """Most subscriptions one session may hold."""
+    max_wildcard_levels: int = attrs.field(default=4096, validator=_positive)
+    """Most levels one session's wildcard subscriptions may have in all.
+
+    Each subscription whose filter has a wildcard (``*``, ``ab*``, a last ``>``),
+    plain or shared, counts its filter's levels: ``a/*/c`` counts 3, ``#share/g/a/>``
+    counts 2; exact filters count nothing. A subscription that would go over is
+    refused with :class:`~meshbus.errors.LimitExceededError`.
+
+    Why levels: a publish to a topic that a session's wildcard filters match only in
+    part (say on every level but the last) may have to check each of their levels, so
+    this sum, not the number of filters, bounds the work one session can add to a
+    publish the match cache does not answer. The default lets a session hold about a
+    thousand four-level wildcard filters and keeps that worst case under a millisecond
+    per publish; raise it for a session that needs more, such as a bridge.
+    """
 
 
 class AclAction(enum.Enum):

@@ -24,6 +24,7 @@ from ._stash import Stash
 from ._stats import SessionStatistics
 from ._topics import (
     Subscription,
+    is_wildcard_filter,
     parse_endpoint_subscription,
     parse_subscription,
     validate_topic,
@@ -90,6 +91,7 @@ class Session:
         self._acl = AclChecker(acl_profile, username, client_name)
         self._admitted: dict[str, None] = {}
         self._subscriptions: dict[str, Subscription] = {}
+        self._wildcard_levels = 0  # levels of the wildcard subscriptions held, in all
         self._egress = Egress(client_profile.egress_max_messages, client_profile.egress_max_bytes)
         self._queue = self._egress._queue  # the buffer's deque, for the inlined take in __anext__
         self._time = vpn.node.clock.time
@@ -365,7 +367,8 @@ class Session:
 
         :raises InvalidTopicError: the subscription is not valid (SPEC 1).
         :raises AccessDeniedError: the ACL profile denies it.
-        :raises LimitExceededError: the client profile's ``max_subscriptions`` is reached.
+        :raises LimitExceededError: the client profile's ``max_subscriptions`` is reached,
+            or a wildcard subscription would take the session over ``max_wildcard_levels``.
         """
         self._check_open()
         self._add_subscription(subscription, self)
@@ -375,6 +378,7 @@ class Session:
         self._check_open()
         sub = self._subscriptions.pop(subscription, None)
         if sub is not None:
+            self._wildcard_levels -= _wildcard_levels(sub.filter)  # in step with the pop
             self.vpn.node.plugins.unsubscribe(self, sub)
 
     def subscribe_for(self, client_name: str, subscription: str) -> None:
@@ -420,8 +424,22 @@ class Session:
             raise LimitExceededError(
                 f"session {self.client_name!r} already holds {limit} subscriptions", limit
             )
+        # A publish may have to step through every level of a session's wildcard filters
+        # (those that match a topic's first levels but not its last), so their levels in
+        # all are what bounds the work one session adds to a publish; exact filters cost
+        # one lookup however many there are.
+        levels = _wildcard_levels(sub.filter)
+        budget = self.client_profile.max_wildcard_levels
+        if levels and self._wildcard_levels + levels > budget:
+            raise LimitExceededError(
+                f"session {self.client_name!r} holds wildcard subscriptions of "
+                f"{self._wildcard_levels} levels in all; {text!r} would add {levels}, over "
+                f"client profile {self.client_profile.name!r}'s max_wildcard_levels of {budget}",
+                budget,
+            )
         self.vpn.node.plugins.subscribe(self, sub)
         self._subscriptions[text] = sub
+        self._wildcard_levels += levels
 
     # --- receiving ------------------------------------------------------------------
 
@@ -549,6 +567,11 @@ class Session:
             egress_bytes=self._egress.bytes,
             subscriptions=len(self._subscriptions),
         )
+
+
+def _wildcard_levels(filter: str) -> int:
+    """What a filter counts against ``max_wildcard_levels``: its levels, or 0 if exact."""
+    return filter.count("/") + 1 if is_wildcard_filter(filter) else 0
 
 
 def _drop(message: Message) -> None:

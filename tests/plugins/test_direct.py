@@ -14,6 +14,7 @@ from meshbus import (
 )
 from meshbus.plugins import direct
 from meshbus.plugins.direct import ROUTER, DirectRouter
+from tests.sdk.test_index import WORD, overlapping_filters, work
 
 
 def drain(session: Session) -> list[Message]:
@@ -129,6 +130,56 @@ async def test_plain_and_noexport_subscriptions_share_a_filter(meshbus_node: Nod
     sub.publish("a", b"3")
     assert [m.payload for m in drain(sub)] == [b"1", b"2"]
     assert sub not in router.refcounts
+
+
+async def test_a_publish_costs_the_same_however_many_of_a_sessions_filters_match(
+    meshbus_node: Node,
+) -> None:
+    """Issue 13, defect 5: a session's 1,000 overlapping wildcard filters must not make a
+    publish to a fresh topic cost more than 100 of them do; delivery stays once per session."""
+    filters = overlapping_filters(3)
+    most = {}
+    for size in (100, len(filters)):
+        vpn = meshbus_node.create_vpn(f"v{size}")
+        subscriber = meshbus_node.connect(vpn.name, no_local=True)
+        watcher = meshbus_node.connect(vpn.name)
+        watcher.subscribe(f"{WORD}/>")
+        for f in filters[:size]:
+            subscriber.subscribe(f)
+        most[size] = 0
+        for i in range(10):  # fresh topics: every publish misses the match cache
+            topic = f"{WORD}/{WORD}/{WORD}{i}"
+            cost = work(lambda t: subscriber.publish(t, b"x"), topic)  # noqa: B023
+            most[size] = max(most[size], cost)
+            watcher.publish(topic, b"y")
+        assert [m.payload for m in drain(subscriber)] == [b"y"] * 10  # no-local, once each
+        assert [m.payload for m in drain(watcher)] == [b"x", b"y"] * 10
+        assert vpn.statistics().delivered == 30
+    assert most[1000] <= most[100] + 40, most
+
+
+async def test_spilled_filters_keep_no_local_and_shared_subscriptions_apart(
+    meshbus_node: Node,
+) -> None:
+    """Filters past the index's spill point still obey no-local, and a shared subscription
+    of the same session still gets its own copy (shared deliveries ignore no-local)."""
+    me = meshbus_node.connect(no_local=True)
+    other = meshbus_node.connect()
+    filters = overlapping_filters(3)[:200]  # past the 64 the shared trie keeps per subscriber
+    for f in filters:
+        me.subscribe(f)
+    me.subscribe(f"#share/g/{WORD}/>")
+    router = meshbus_node.vpn().stash[ROUTER]
+    assert me in router.index._own  # the spilled filters are in a trie of its own
+    topic = f"{WORD}/{WORD}/{WORD}x"
+    me.publish(topic, b"mine")  # no direct copy back; the shared group's copy comes
+    other.publish(topic, b"theirs")  # one direct copy (however many filters) + the shared one
+    assert sorted(m.payload for m in drain(me)) == [b"mine", b"theirs", b"theirs"]
+    for f in filters:
+        me.unsubscribe(f)
+    assert me not in router.index._own
+    other.publish(topic, b"shared only")
+    assert [m.payload for m in drain(me)] == [b"shared only"]
 
 
 async def test_closing_a_session_removes_it_from_the_router(meshbus_node: Node) -> None:

@@ -322,6 +322,20 @@ async def test_the_targets_limits_apply(meshbus_node: Node) -> None:
     assert vpn.sessions["worker"].subscriptions == ("a",)
 
 
+async def test_the_targets_wildcard_limit_applies(meshbus_node: Node) -> None:
+    manager = add_manager(meshbus_node)
+    vpn = meshbus_node.vpn()
+    vpn.add_client_profile(ClientProfile("small", max_wildcard_levels=2))
+    vpn.add_user("worker", client_profile="small")
+    meshbus_node.connect(username="worker", client_name="worker")
+    manager.subscribe_for("worker", "a/*")
+    with pytest.raises(LimitExceededError) as info:
+        manager.subscribe_for("worker", "b*")
+    assert info.value.limit == 2
+    manager.subscribe("b/*/>")  # the manager's own limit is the default one
+    assert vpn.sessions["worker"].subscriptions == ("a/*",)
+
+
 async def test_non_managers_are_refused(meshbus_node: Node) -> None:
     plain = meshbus_node.connect(client_name="plain")
     worker = meshbus_node.connect(client_name="worker")

@@ -7,6 +7,11 @@ so a stale cache entry after an exact or wildcard change shows up as a wrong ans
 
 from __future__ import annotations
 
+import itertools
+import sys
+from collections.abc import Callable
+from types import FrameType
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +23,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from meshbus import SubscriptionIndex
+from meshbus import ConfigurationError, SubscriptionIndex
+from meshbus._index import _filters, _find
+from meshbus._topics import filter_covers
 
 
 def ref_matches(filter: str, topic: str) -> bool:
@@ -50,8 +57,8 @@ def ref_match(subs: dict[str, set[object]], topic: str) -> set[object]:
 
 
 # Topic levels overlap the filter literals and prefixes, so matches are frequent.
-TOPIC_LEVELS = ("a", "b", "ab", "abc", "", "*", ">", "*a")
-FILTER_LEVELS = ("a", "b", "ab", "", "*a", ">", "*", "a*", "ab*", "**")
+TOPIC_LEVELS = ("a", "b", "ab", "abc", "", "*", ">", "*a", "a>")
+FILTER_LEVELS = ("a", "b", "ab", "", "*a", ">", "*", "a*", "ab*", "**", "a>")
 
 topics = st.lists(st.sampled_from(TOPIC_LEVELS), min_size=1, max_size=4).map("/".join)
 exact_filters = st.lists(st.sampled_from(TOPIC_LEVELS[:4]), min_size=1, max_size=4).map("/".join)
@@ -64,7 +71,8 @@ subscribers = st.sampled_from(("s1", "s2", "s3", 4))
 
 
 def _assert_pruned(index: SubscriptionIndex[object]) -> None:
-    """Every trie node below the root leads to at least one subscriber (private peek)."""
+    """Every trie node below a root leads to at least one filter (private peek): the
+    common trie, each subscriber's own trie and the trie of their summaries."""
 
     def live(node: object) -> bool:
         children = [
@@ -77,6 +85,22 @@ def _assert_pruned(index: SubscriptionIndex[object]) -> None:
         return bool(node.here or node.rest or children)  # type: ignore[attr-defined]
 
     live(index._root)
+    live(index._summaries)
+    for own in index._own.values():
+        assert live(own.root), "a subscriber's own trie is kept without a filter"
+
+
+def _assert_spilled_within_bounds(index: SubscriptionIndex[object]) -> None:
+    """At most ``spill_after`` filters of a subscriber in the common trie; its own trie
+    holds the rest and is filed under a filter covering every one of them."""
+    assert all(0 < n <= index._spill_after for n in index._in_common.values())
+    for own in index._own.values():
+        held = list(_filters(own.root))
+        assert len(held) == own.count > 0
+        assert all(filter_covers(own.summary, f) for f in held), (own.summary, held)
+        summary_node, bucket = _find(index._summaries, own.summary)
+        assert summary_node is not None
+        assert own in getattr(summary_node, bucket)
 
 
 # --- examples ---------------------------------------------------------------------------------
@@ -246,11 +270,120 @@ def test_many_prefixes_under_one_node() -> None:
     assert index._root.is_empty()
 
 
+@pytest.mark.parametrize("spill_after", [0, 1, 64])
+def test_a_filter_covered_by_another_comes_back_when_that_one_goes(spill_after: int) -> None:
+    """Removing a covering filter restores exactly what the covered ones match, whether
+    the filters are in the common trie or in the subscriber's own."""
+    index: SubscriptionIndex[str] = SubscriptionIndex(spill_after=spill_after)
+    for f in ("a/>", "a/b*/c", "a/*/d", "x>/y*", "a*/x>"):  # 'x>' is a literal level
+        assert index.add(f, "s")
+    assert index.add("a/b/c", "t")
+    assert set(index.match("a/b/c")) == {"s", "t"}
+    assert index.match("a/q/q") == ("s",)
+    assert index.match("x>/yz") == ("s",)
+    assert index.match("ab/x>") == ("s",)
+    assert index.match("ab/x") == ()
+    assert index.remove("a/>", "s")
+    assert set(index.match("a/bb/c")) == {"s"}  # 'a/b*/c' again
+    assert set(index.match("a/q/d")) == {"s"}  # 'a/*/d' again
+    assert index.match("a/q/q") == ()
+    assert set(index.match("a/b/c")) == {"s", "t"}
+    assert sorted(index.filters()) == ["a*/x>", "a/*/d", "a/b*/c", "a/b/c", "x>/y*"]
+    assert index.subscribers("a/b*/c") == ("s",)
+    assert index.subscribers("a/>") == ()
+    for f in ("a/b*/c", "a/*/d", "x>/y*", "a*/x>"):
+        assert index.remove(f, "s")
+    assert index.match("a/bb/c") == ()
+    assert index.match("a/b/c") == ("t",)
+    assert index._own == {}
+    assert index._summaries.is_empty()
+    assert index._root.is_empty()
+
+
+def test_a_subscriber_past_spill_after_is_filed_once_under_a_covering_filter() -> None:
+    index: SubscriptionIndex[str] = SubscriptionIndex(spill_after=2)
+    for i in range(50):
+        index.add(f"site/{i}/*/t", "s")
+    index.add("site/*/x/>", "other")
+    assert index._in_common == {"s": 2, "other": 1}
+    own = index._own["s"]
+    assert own.count == 48
+    assert own.summary == "site/>"  # filed under one filter: asked only for site/...
+    assert list(index._summaries.literal) == ["site"]  # type: ignore[arg-type]
+    assert index.match("site/7/q/t") == ("s",)
+    assert index.match("other/7/q/t") == ()
+    assert set(index.match("site/1/x/t")) == {"s", "other"}
+    for i in range(2, 50):
+        index.remove(f"site/{i}/*/t", "s")
+    assert "s" not in index._own
+    assert index.match("site/1/q/t") == ("s",)  # its filters in the common trie stay
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "8"])
+def test_spill_after_must_be_an_int_at_least_zero(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="spill_after"):
+        SubscriptionIndex(spill_after=bad)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("subscriber", [("tuple", 1), 7, frozenset({"f"})])
 def test_any_hashable_subscriber(subscriber: object) -> None:
     index: SubscriptionIndex[object] = SubscriptionIndex()
     index.add("a/*", subscriber)
     assert index.match("a/b") == (subscriber,)
+
+
+# --- one subscriber, many overlapping filters (issue 13, defect 5) ----------------------------
+
+WORD = "abcdefgh"
+#: Per level: the literal word, '*' and every prefix wildcard of the word. Each matches the
+#: level ``WORD``, so every filter built from them matches ``WORD/WORD/...``.
+LEVEL_CHOICES = (WORD, "*", *(WORD[:k] + "*" for k in range(1, len(WORD) + 1)))
+
+
+def overlapping_filters(levels: int) -> list[str]:
+    """``len(LEVEL_CHOICES) ** levels`` filters that all match the topic ``WORD/.../WORD``."""
+    return ["/".join(p) for p in itertools.product(LEVEL_CHOICES, repeat=levels)]
+
+
+def work(fn: Callable[[str], object], topic: str) -> int:
+    """The Python and C function calls ``fn(topic)`` makes: work counted, not timed."""
+    calls = 0
+
+    def count(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal calls
+        if event in ("call", "c_call"):
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        fn(topic)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_overlapping_filters_of_one_subscriber_cost_a_match_no_more_than_a_hundred() -> None:
+    """10,000 filters of one subscriber that all match a topic: a cache miss must cost
+    what it costs when the subscriber holds 100 of them, not a step more per filter."""
+    filters = overlapping_filters(4)
+    indexes = {size: SubscriptionIndex[str]() for size in (100, len(filters))}
+    for size, index in indexes.items():
+        index.add(f"{WORD}/*/>", "other")  # another subscriber, so the result merges
+        index.add(f"{WORD}/{WORD}/{WORD}/{WORD}0", "exact")
+        for f in filters[:size]:
+            index.add(f, "s")
+    some, heavy = indexes.values()
+    assert len(heavy) == 10_002
+    for i in range(20):  # a different topic each time: every match is a cache miss
+        topic = f"{WORD}/{WORD}/{WORD}/{WORD}{i}"
+        expected = {"s", "other", "exact"} if i == 0 else {"s", "other"}
+        assert heavy.cached(topic) is None
+        heavy_work = work(heavy.match, topic)
+        some_work = work(some.match, topic)
+        assert set(heavy.match(topic)) == set(some.match(topic)) == expected
+        assert len(heavy.match(topic)) == len(expected)
+        # A constant per level of the topic, whatever the number of filters beyond.
+        assert heavy_work <= some_work + 12 * 4, (heavy_work, some_work)
 
 
 # --- properties -------------------------------------------------------------------------------
@@ -260,9 +393,12 @@ def test_any_hashable_subscriber(subscriber: object) -> None:
 @given(
     st.lists(st.tuples(filters, subscribers), max_size=30),
     st.lists(topics, min_size=1, max_size=20),
+    st.sampled_from((0, 1, 3, 64)),
 )
-def test_match_agrees_with_reference(pairs: list[tuple[str, object]], probes: list[str]) -> None:
-    index: SubscriptionIndex[object] = SubscriptionIndex()
+def test_match_agrees_with_reference(
+    pairs: list[tuple[str, object]], probes: list[str], spill_after: int
+) -> None:
+    index: SubscriptionIndex[object] = SubscriptionIndex(spill_after=spill_after)
     model: dict[str, set[object]] = {}
     for f, s in pairs:
         assert index.add(f, s) is (s not in model.get(f, set()))
@@ -282,9 +418,12 @@ class IndexChurn(RuleBasedStateMachine):
         self.index: SubscriptionIndex[object] = SubscriptionIndex()
         self.probed: list[str] = []
 
-    @initialize(cache_size=st.sampled_from((1, 2, 3, 8, 8192)))
-    def make_index(self, cache_size: int) -> None:
-        self.index = SubscriptionIndex(cache_size=cache_size)
+    @initialize(
+        cache_size=st.sampled_from((1, 2, 3, 8, 8192)), spill_after=st.sampled_from((0, 1, 2, 64))
+    )
+    def make_index(self, cache_size: int, spill_after: int) -> None:
+        # Small spill_after values move filters in and out of subscribers' own tries.
+        self.index = SubscriptionIndex(cache_size=cache_size, spill_after=spill_after)
 
     @rule(f=filters, s=subscribers)
     def add(self, f: str, s: object) -> None:
@@ -330,6 +469,7 @@ class IndexChurn(RuleBasedStateMachine):
         for f, ss in live.items():
             assert set(self.index.subscribers(f)) == ss
         _assert_pruned(self.index)
+        _assert_spilled_within_bounds(self.index)
 
     def teardown(self) -> None:
         # Removing everything leaves an empty root: churn leaks no trie nodes.
@@ -340,6 +480,9 @@ class IndexChurn(RuleBasedStateMachine):
         assert self.index._root.is_empty()
         assert self.index._exact == {}
         assert self.index._wildcards == 0
+        assert self.index._own == {}
+        assert self.index._in_common == {}
+        assert self.index._summaries.is_empty()
 
 
 IndexChurn.TestCase.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)

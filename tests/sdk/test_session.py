@@ -657,6 +657,58 @@ async def test_max_subscriptions_is_enforced_at_exactly_the_limit(meshbus_node: 
     assert sub.subscriptions == ("b", "c")
 
 
+async def test_wildcard_levels_are_limited_per_session(meshbus_node: Node) -> None:
+    """Each wildcard subscription, plain or shared, counts its filter's levels; exact
+    ones count nothing. Going over refuses the subscription and changes nothing."""
+    vpn = meshbus_node.vpn()
+    vpn.add_client_profile(ClientProfile("ten", max_wildcard_levels=10))
+    vpn.add_user("ten", client_profile="ten")
+    sub = meshbus_node.connect(username="ten")
+    sub.subscribe("a/*")  # 2
+    sub.subscribe("a/b/c/>")  # 4
+    sub.subscribe("#share/g/x/*")  # 2
+    sub.subscribe("#noexport/q*")  # 1: 9 in all
+    sub.subscribe("a/b/c/d/e/f/g/h/i/j/k")  # exact: not counted
+    held = sub.subscriptions
+    with pytest.raises(LimitExceededError) as info:
+        sub.subscribe("z/y/*")  # 3 more would make 12
+    assert info.value.limit == 10
+    assert "max_wildcard_levels" in str(info.value)
+    assert sub.subscriptions == held
+    sub.publish("z/y/x", b"not subscribed")
+    assert drain(sub) == []
+    sub.subscribe("a/*")  # already held: not a new subscription
+    sub.subscribe("r*")  # 1 more: exactly at the limit
+    sub.unsubscribe("a/b/c/>")  # gives back 4
+    sub.subscribe("z/y/*")
+    sub.publish("z/y/x", b"now")
+    assert [m.payload for m in drain(sub)] == [b"now"]
+
+
+async def test_by_default_a_session_cannot_pile_up_overlapping_wildcard_filters(
+    meshbus_node: Node,
+) -> None:
+    """Issue 13, defect 5: the default profile let one session hold 100,000 wildcard filters
+    that a publish to a topic none of them matches may have to walk one by one."""
+    from tests.sdk.test_index import overlapping_filters
+
+    sub = meshbus_node.connect()
+    filters = overlapping_filters(4)  # 10,000 filters of 4 levels
+
+    def subscribe_all() -> None:
+        for f in filters:
+            sub.subscribe(f)
+
+    with pytest.raises(LimitExceededError) as info:
+        subscribe_all()
+    limit = ClientProfile("p").max_wildcard_levels
+    assert info.value.limit == limit
+    # The first filter is the exact topic (it counts nothing); the rest have 4 levels.
+    assert sub.subscriptions[0] == filters[0] == "/".join([filters[0].split("/")[0]] * 4)
+    assert len(sub.subscriptions) == 1 + limit // 4
+    assert sub.statistics().subscriptions == 1 + limit // 4
+
+
 @pytest.mark.parametrize(
     "topic",
     ["", "a\x00b", "#reserved", "#share/g/a", "x" * 251, "a" + "/" * 128, "\ud800"],

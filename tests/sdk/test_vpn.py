@@ -259,6 +259,8 @@ async def test_connect_default_deny_refuses_login(meshbus_node: Node) -> None:
         {"egress_max_messages": 1.5},
         {"egress_max_messages": True},
         {"max_subscriptions": 0},
+        {"max_wildcard_levels": 0},
+        {"max_wildcard_levels": 2.5},
         {"max_eliding_topics": 0},
         {"eliding_delay_ms": -1},
         {"allow_shared_subscriptions": "yes"},
