@@ -544,6 +544,18 @@ class Session:
         self._egress.close()
         self.vpn._session_closed(self)
 
+    async def aclose(self) -> None:
+        """:meth:`close`, for code written for any session (see :class:`meshbus.abc.SessionAPI`)."""
+        self.close()
+
+    async def confirm(self) -> None:
+        """Return at once: an in-process session applied every earlier call when it was
+        made, and raised any refusal then (see :class:`meshbus.abc.SessionAPI`).
+
+        :raises StateError: the session is closed.
+        """
+        self._check_open()
+
     async def __aenter__(self) -> Session:
         return self
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ._messages import Message
     from ._session import Session
 
-__all__ = ["Clock", "Flow", "GuaranteedMessaging"]
+__all__ = ["Clock", "Flow", "GuaranteedMessaging", "SessionAPI"]
 
 
 class Clock(ABC):
@@ -136,3 +136,107 @@ class GuaranteedMessaging(ABC):
         the message is dropped as guaranteed, counted ``no_eligible_destination``).
         Returns only once it is held, so the link can acknowledge it to the peer.
         """
+
+
+@runtime_checkable
+class SessionAPI(Protocol):
+    """What a session offers, in the process (:class:`meshbus.Session`) or over the
+    network (:class:`meshbus.transports.RemoteSession`) alike.
+
+    Code written against this protocol runs on either; one behaviour test suite
+    holds both to it. Where they differ is when refusals arrive: an in-process
+    session applies a subscription or publish at once and raises at the call, a
+    remote one sends it and raises the node's refusal from :meth:`confirm`. After
+    ``await confirm()`` both have applied every earlier call.
+    """
+
+    @property
+    def client_name(self) -> str | None:
+        """The session's client name."""
+
+    @property
+    def subscriptions(self) -> tuple[str, ...]:
+        """The subscriptions it holds, as given."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether it is closed."""
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | bytearray | memoryview | str = b"",
+        *,
+        headers: Mapping[str, Any] | None = None,
+        eliding_eligible: bool = False,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Publish a direct message; never waits for subscribers."""
+
+    def subscribe(self, subscription: str) -> None:
+        """Add a subscription (a no-op when it has it)."""
+
+    def unsubscribe(self, subscription: str) -> None:
+        """Remove a subscription (a no-op when it has none such)."""
+
+    async def confirm(self) -> None:
+        """Return once every earlier call is applied; raise the first refusal since
+        the last call (a remote session's subscribes and publishes are refused late)."""
+
+    async def receive(self) -> Message:
+        """Wait for the next direct message."""
+
+    def receive_nowait(self) -> Message | None:
+        """The next direct message waiting, or ``None``."""
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        """Iterate over received messages until the session closes."""
+
+    async def send(
+        self,
+        topic: str,
+        payload: bytes | bytearray | memoryview | str = b"",
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+        eliding_eligible: bool = False,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Publish a guaranteed message to a topic; return once the node holds it."""
+
+    async def send_many(
+        self,
+        messages: Iterable[tuple[str, bytes | bytearray | memoryview | str]],
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+    ) -> list[Exception | None]:
+        """Publish many guaranteed messages; one result per message, in order."""
+
+    async def send_to_queue(
+        self,
+        queue: str,
+        payload: bytes | bytearray | memoryview | str = b"",
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Publish a guaranteed message to one queue by name."""
+
+    async def bind(self, queue: str, *, window: int = 255) -> Flow:
+        """Bind a consumer flow to a queue."""
+
+    async def bind_topic_endpoint(
+        self, endpoint: str, subscription: str, *, window: int = 255
+    ) -> Flow:
+        """Bind a consumer flow to a topic endpoint, naming its subscription."""
+
+    async def aclose(self) -> None:
+        """Close the session."""

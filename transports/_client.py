@@ -604,10 +604,12 @@ class RemoteSession:
         self._send_request(request)
 
     def unsubscribe(self, subscription: str) -> None:
-        """Remove a subscription."""
+        """Remove a subscription; removing one the session does not hold is a no-op
+        (as for :meth:`meshbus.Session.unsubscribe`)."""
         self._check_open()
-        if self._subscriptions.pop(subscription, 0) == 0:
-            raise StateError(f"not subscribed to {subscription!r}")
+        if subscription not in self._subscriptions:
+            return
+        del self._subscriptions[subscription]
         request = Request((K.UNSUBSCRIBE, {"subscription": subscription}, b""))
         self._send_request(request)
 
