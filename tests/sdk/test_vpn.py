@@ -292,6 +292,15 @@ def test_client_profile_limits_accept_the_smallest_valid_values() -> None:
         {"subscribe_exceptions": ["#noexport/a"]},
         {"subscribe_exceptions": [5]},
         {"name": ""},
+        # Queue topics (#P2P/QUE/<queue>) are for publishing: nobody subscribes to them.
+        {"subscribe_exceptions": ["#P2P/QUE/orders"]},
+        # Other reserved topics cannot be published to at all.
+        {"publish_exceptions": ["#P2P/TOPIC/a"]},
+        {"publish_exceptions": ["#reserved/a"]},
+        {"publish_exceptions": ["#share/g/a"]},
+        {"publish_exceptions": ["#P2P/QUE/"]},  # no queue name
+        {"publish_exceptions": ["#P2P/QUE/#share/g/q"]},
+        {"publish_exceptions": ["#P2P/QUE/a\x00b"]},
     ],
 )
 def test_bad_acl_profile_settings(settings: dict[str, Any]) -> None:
@@ -306,6 +315,12 @@ def test_acl_profile_accepts_strings_and_wildcard_exceptions() -> None:
     )
     assert profile.publish_exceptions == ("a/*", "b/>", "c*/$client-name")
     assert profile.publish_default.value == "deny"
+
+
+def test_acl_profile_accepts_queue_topics_as_publish_exceptions() -> None:
+    queues = ["#P2P/QUE/orders", "#P2P/QUE/inbox-*", "#P2P/QUE/$client-username", "#P2P/QUE/>"]
+    profile = AclProfile("p", publish_default="deny", publish_exceptions=queues)
+    assert profile.publish_exceptions == tuple(queues)
 
 
 @pytest.mark.parametrize(
