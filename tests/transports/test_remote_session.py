@@ -761,6 +761,25 @@ async def test_send_to_queue(node: Node, server: Server) -> None:
         assert (await receive(flow)).payload == b"still usable after a rejection"
 
 
+async def test_send_to_queue_denied_by_the_acl_raises_access_denied(
+    node: Node, server: Server
+) -> None:
+    svc = service(node)
+    svc.create_queue("alarms")
+    node.vpn().add_acl_profile(
+        AclProfile("plant", publish_default=AclAction.DENY, publish_exceptions=["plant/>"])
+    )
+    node.vpn().add_user("sensor", acl_profile="plant")
+    async with connect(server.url, username="sensor") as session:
+        with pytest.raises(AccessDeniedError) as caught:
+            await session.send_to_queue("alarms", b"x")
+        assert (caught.value.action, caught.value.topic) == ("publish", "#P2P/QUE/alarms")
+        assert caught.value.username == "sensor"
+        await session.send("plant/boiler", b"the session goes on")
+    assert svc.store.stats("default/alarms").messages == 0
+    assert node.vpn().statistics().denied == 1
+
+
 async def test_bind_errors(node: Node, server: Server) -> None:
     async with connect(server.url) as session:
         with pytest.raises(StateError):
