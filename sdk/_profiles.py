@@ -243,3 +243,6 @@ class ClientUsername:
     """Disabled usernames cannot log in."""
     subscription_manager: bool = attrs.field(default=False, validator=_flag)
     """Whether its sessions may add and remove subscriptions for other sessions."""
+    management: bool = attrs.field(default=False, validator=_flag)
+    """Whether its sessions may read node-wide statistics: the node's totals, every
+    VPN's and every listener's. Other sessions see their own VPN's only (SPEC 6)."""

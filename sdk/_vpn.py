@@ -99,9 +99,15 @@ class Vpn:
         client_profile: str = "default",
         acl_profile: str = "default",
         subscription_manager: bool = False,
+        management: bool = False,
         enabled: bool = True,
     ) -> ClientUsername:
-        """Add or replace a client username; the password is stored hashed."""
+        """Add or replace a client username; the password is stored hashed.
+
+        The flags are those of :class:`~meshbus.ClientUsername`: a subscription
+        manager may manage other sessions' subscriptions, a management user may
+        read the statistics of the whole node.
+        """
         problems = []
         if client_profile not in self._client_profiles:
             problems.append(f"unknown client profile {client_profile!r}")
@@ -115,6 +121,7 @@ class Vpn:
             acl_profile=acl_profile,
             password_hash=hash_password(password) if password is not None else None,
             subscription_manager=subscription_manager,
+            management=management,
             enabled=enabled,
         )
         self._users[name] = user

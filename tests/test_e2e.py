@@ -214,6 +214,7 @@ class Setup:
             [vpns.plant]
             authentication = "client-certificate"
             [vpns.plant.users.alice]
+            management = true  # meshbus stats shows her the listeners' counters
             [vpns.plant.users.bob]
             """
         else:
@@ -222,6 +223,7 @@ class Setup:
             authentication = "basic"
             [vpns.plant.users.alice]
             password = "${ENV:ALICE_PASSWORD}"
+            management = true  # meshbus stats shows her the listeners' counters
             """
         text += """
             [vpns.plant.queues.alarms]

@@ -500,6 +500,19 @@ def test_client_certificates_need_a_listener_that_verifies_them(
     assert "truck-7" in node.vpn("fleet").users
 
 
+def test_a_user_can_have_the_management_role(problems: Problems, tmp_path: Path) -> None:
+    data = {"vpns": {"default": {"users": {"ops": {"management": True}, "app": {}}}}}
+    users = parse_config(data, base_dir=tmp_path).build_node().vpn().users
+    assert users["ops"].management
+    assert not users["app"].management
+    text = """
+        [vpns.default.users.ops]
+        management = "yes"
+    """
+    (problem,) = problems(text)
+    assert problem.startswith("edge.toml: vpns.default.users.ops.management: "), problem
+
+
 # --- the example --------------------------------------------------------------------------
 
 
@@ -536,6 +549,8 @@ def test_the_example_describes_its_node(certs: Path) -> None:
     assert sorted(plant.users) == ["default", "operator", "retired", "sensor-17"]
     operator = plant.users["operator"]
     assert (operator.client_profile, operator.acl_profile) == ("dashboard", "read-only")
+    assert operator.management
+    assert not plant.users["sensor-17"].management
     assert operator.password_hash is not None
     assert "operator-secret" not in repr(config)
     assert not plant.users["retired"].enabled

@@ -329,6 +329,7 @@ def test_acl_profile_accepts_queue_topics_as_publish_exceptions() -> None:
         {"client_profile": ""},
         {"enabled": "no"},
         {"subscription_manager": 1},
+        {"management": "yes"},
         {"password_hash": "plain-text"},
         {"name": "a/b"},
     ],
