@@ -216,7 +216,7 @@ async def remote_demo() -> None:
         async with Node(name="edge") as node:
             plant = node.create_vpn("plant", authentication="client-certificate")
             plant.add_user("sensor")
-            plant.add_user("ops")
+            plant.add_user("ops", management=True)  # may read every listener's statistics
             node.guaranteed.create_queue("alarms", vpn="plant", subscriptions=["alarms/>"])
             tcp = await start_server(node, ListenerSettings(port=0))
             tls = await start_server(
