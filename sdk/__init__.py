@@ -10,6 +10,7 @@ import logging
 from ._clock import ManualClock, SystemClock
 from ._egress import Egress
 from ._index import SubscriptionIndex
+from ._logins import LoginGuard
 from ._messages import DeliveryMode, Envelope, Message, MessageOptions
 from ._node import DEFAULT_PLUGINS, Node
 from ._pipeline import Pipeline, Router
@@ -73,6 +74,7 @@ __all__ = [
     "Envelope",
     "InvalidTopicError",
     "LimitExceededError",
+    "LoginGuard",
     "ManualClock",
     "MeshbusError",
     "Message",

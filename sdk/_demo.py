@@ -91,10 +91,10 @@ async def demo() -> None:
         )
         tenant.add_user("viewer", password="s3cret", acl_profile="readonly")
         try:
-            node.connect("tenant-a", username="viewer", password="wrong")
+            await node.login("tenant-a", username="viewer", password="wrong")
         except AuthenticationError as exc:
             print(f"  refused: {exc}")
-        async with node.connect("tenant-a", username="viewer", password="s3cret") as viewer:
+        async with await node.login("tenant-a", username="viewer", password="s3cret") as viewer:
             viewer.subscribe("public/news")
             try:
                 viewer.subscribe("private/>")

@@ -22,10 +22,8 @@ from meshbus._stash import StashKey
 from meshbus.errors import (
     AccessDeniedError,
     AuthenticationError,
-    ConfigurationError,
     MeshbusError,
     ProtocolError,
-    StateError,
     TransportError,
 )
 
@@ -197,6 +195,7 @@ class Server:
         self, connection: Connection, hello: dict[str, Any], certificate_name: str | None
     ) -> ServedSession | None:
         protocol = connection.protocol
+        vpn = username = ""
         try:
             vpn = _text(hello, "vpn", "default")
             username = _text(hello, "username", certificate_name or "default")
@@ -212,10 +211,10 @@ class Server:
                 raise ProtocolError("HELLO no_local must be a boolean")
             if not isinstance(timestamps, bool):
                 raise ProtocolError("HELLO timestamps must be a boolean")
-            target = self.node.vpns.get(vpn)
-            if target is None:
-                raise AuthenticationError(username, f"no Message VPN named {vpn!r}")
-            session = target.open_session(
+            # Never a password check on the event loop, and a refusal that says
+            # nothing of the username (SPEC 6): the node's login does both.
+            session = await self.node.login(
+                vpn,
                 username=username,
                 password=password,
                 client_name=client_name,
@@ -227,10 +226,14 @@ class Server:
             self.failed += 1
             log.warning("closing connection from %s: %s", connection.peer, exc)
             return None
-        except (AccessDeniedError, StateError, ConfigurationError, MeshbusError) as exc:
+        except MeshbusError as exc:
             self.refused += 1
             code = "authentication" if isinstance(exc, AccessDeniedError) else "refused"
-            log.warning("refused login from %s: %s", connection.peer, exc)
+            # The real reason, which the client is not told, at a rate that cannot
+            # flood the log.
+            reason = exc.reason if isinstance(exc, AuthenticationError) else str(exc)
+            where = f"user {username!r}, VPN {vpn!r}"
+            self.node.logins.log_refusal(log, connection.peer, f"{reason} ({where})")
             if isinstance(exc, AccessDeniedError):
                 protocol.refuse(code, str(exc), exc.why, exc.username)
             else:

@@ -580,20 +580,22 @@ async def test_the_example_provisions_and_serves_logins(tmp_path: Path, certs: P
         assert historian.settings.max_messages == 1000000
         assert not historian.settings.reject_msg_to_sender_on_discard
 
-        async with node.connect("plant", username="sensor-17", password="sensor-secret") as s:
+        async with await node.login("plant", username="sensor-17", password="sensor-secret") as s:
             await s.send("plant/alarms/boiler", b"too hot")
-        async with node.connect("plant", username="operator", password="operator-secret") as s:
+        async with await node.login("plant", username="operator", password="operator-secret") as s:
             flow = await s.bind("alarms")
             message = await flow.receive()
             assert message.payload == b"too hot"
             flow.ack(message)
             await flow.unbind()
-        with pytest.raises(AuthenticationError, match="wrong password"):
-            node.connect("plant", username="operator", password="guess")
-        with pytest.raises(AuthenticationError, match="retired"):
-            node.connect("plant", username="retired")
-        with pytest.raises(AuthenticationError, match="unknown username"):
-            node.connect("plant", username="mallory", password="x")
+        for refused in (
+            {"username": "operator", "password": "guess"},
+            {"username": "retired", "password": "x"},
+            {"username": "mallory", "password": "x"},
+        ):
+            with pytest.raises(AuthenticationError, match="login refused"):
+                await node.login("plant", **refused)
+        assert node.vpn("plant").statistics().login_failures == 3
         async with node.connect("lab", username="anyone"):
             pass
     assert (tmp_path / "data").is_dir()

@@ -156,7 +156,7 @@ async def test_auth_none_known_user_gets_its_profiles_whatever_the_password(
 async def test_auth_none_disabled_users_are_refused(meshbus_node: Node) -> None:
     vpn = meshbus_node.vpn()
     vpn.add_user("off", enabled=False)
-    with pytest.raises(AuthenticationError, match="disabled"):
+    with pytest.raises(AuthenticationError, match="login refused"):
         meshbus_node.connect(username="off")
     vpn.add_user("default", enabled=False)  # unknown names log in as 'default'
     with pytest.raises(AuthenticationError):
@@ -186,19 +186,20 @@ async def test_auth_basic(meshbus_node: Node) -> None:
     ]
     for i, login in enumerate(refused, start=1):
         with pytest.raises(AuthenticationError) as info:
-            meshbus_node.connect("secure", **login)
+            await meshbus_node.login("secure", **login)
         assert info.value.username == login["username"]
+        assert info.value.why == "login refused"  # whatever the reason (SPEC 6)
         assert vpn.statistics().login_failures == i
     assert vpn.sessions == {}
 
-    session = meshbus_node.connect("secure", username="alice", password="s3cret")
+    session = await meshbus_node.login("secure", username="alice", password="s3cret")
     assert session.user is user
     assert session.acl_profile.name == "ro"
     assert vpn.statistics().login_failures == len(refused)
 
     vpn.add_user("alice", password="s3cret", enabled=False)
-    with pytest.raises(AuthenticationError, match="disabled"):
-        meshbus_node.connect("secure", username="alice", password="s3cret")
+    with pytest.raises(AuthenticationError, match="login refused"):
+        await meshbus_node.login("secure", username="alice", password="s3cret")
     assert not session.closed  # replacing the user does not log out open sessions
     assert meshbus_node.statistics().login_failures == len(refused) + 1
 
