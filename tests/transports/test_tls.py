@@ -7,11 +7,12 @@ import gc
 import hashlib
 import logging
 import threading
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
 
-from meshbus import AuthenticationError, Message, Node, TransportError
+from meshbus import AuthenticationError, ManualClock, Message, Node, TransportError
 from meshbus.transports import (
     ListenerSettings,
     RemoteSession,
@@ -152,6 +153,71 @@ async def test_remote_passwords_are_checked_off_the_event_loop_with_equal_work(
         await check_messages_flow(s)
     assert len(scrypt_threads) == 2
     assert threading.get_ident() not in scrypt_threads
+
+
+@pytest.fixture
+async def clocked() -> AsyncIterator[tuple[Node, ManualClock, Server]]:
+    """A node on a manual clock with a basic-authentication VPN and a TCP listener."""
+    clock = ManualClock()
+    async with Node(name="clocked", clock=clock) as running:
+        vpn = running.create_vpn("secure", authentication="basic")
+        vpn.add_user("dave", password="s3cret")
+        yield running, clock, await start_server(running, ListenerSettings(port=0))
+
+
+async def test_repeated_failures_from_one_address_wait_on_the_node_clock(
+    clocked: tuple[Node, ManualClock, Server],
+) -> None:
+    _, clock, server = clocked
+    for i in range(5):  # five free failures from 127.0.0.1, for five usernames
+        with pytest.raises(AuthenticationError, match=REFUSED):
+            async with connect(server.url, vpn="secure", username=f"u{i}", password="x"):
+                pass
+    await clock.settle()
+    idle = clock.sleepers
+    outcome: list[object] = []
+
+    async def sixth() -> None:
+        try:
+            async with connect(server.url, vpn="secure", username="dave", password="s3cret") as s:
+                outcome.append(s.client_name)
+        except AuthenticationError as exc:
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sixth)
+        await wait_until(lambda: clock.sleepers == idle + 1)  # waiting for its turn
+        assert outcome == []
+        clock.advance(1.0)
+    (client_name,) = outcome
+    assert isinstance(client_name, str)
+    assert server.statistics().refused == 5
+
+
+class _Stream:
+    def __init__(self, address: object) -> None:
+        self.address = address
+
+    def extra(self, attribute: object, default: object = None) -> object:
+        return self.address
+
+
+@pytest.mark.parametrize(
+    ("remote", "counted_as"),
+    [
+        (("192.0.2.7", 50000), "192.0.2.7"),
+        (("2001:db8:1:2:3:4:5:6", 50000, 0, 0), "2001:db8:1:2::/64"),  # a host has its /64
+        (("::ffff:192.0.2.7", 50000, 0, 0), "192.0.2.7"),
+        ("/run/node.sock", None),
+        (None, None),
+    ],
+)
+def test_failed_logins_are_counted_per_ip_address_or_ipv6_network(
+    remote: object, counted_as: str | None
+) -> None:
+    from meshbus.transports._server import _peer_address
+
+    assert _peer_address(_Stream(remote)) == counted_as  # type: ignore[arg-type]
 
 
 async def test_unknown_vpn_is_refused_with_a_clear_message(node: Node, server: Server) -> None:
