@@ -35,8 +35,9 @@ class Turn:
     def __init__(self, at: float) -> None:
         #: The node clock's monotonic time of the check.
         self.at = at
-        # (key, its record, the next turn this attempt set), for succeeded()
-        self.taken: list[tuple[Key, _Record, float]] = []
+        # (key, its record, this attempt's turn by that key alone, the next turn it
+        # set for the key), for succeeded()
+        self.taken: list[tuple[Key, _Record, float, float]] = []
 
 
 class _Record:
@@ -80,8 +81,11 @@ class LoginGuard:
     plus a delay that starts at ``first_delay`` and doubles with each further
     failure, up to ``max_delay``. Taking turns, instead of all waiting out one
     delay, means that opening many connections at once does not multiply the
-    rate of guesses. An attempt whose turn is more than ``max_wait`` seconds
-    away is held that long and refused without a check. A successful login
+    rate of guesses. An attempt waits for the later of its address's and its
+    username's turns, but each key's next turn follows from its own, so an
+    attempt held up by its address does not hold up other logins of the same
+    username. An attempt whose turn is more than ``max_wait`` seconds away is
+    held that long and refused without a check. A successful login
     clears its username's count and takes only its own failure off its
     address's. Time is the node's clock; at most ``max_tracked`` addresses and
     usernames are tracked (the least recently used are forgotten first).
@@ -196,8 +200,11 @@ class LoginGuard:
             # Counted now, not when the check fails, so that attempts made together
             # take turns instead of all being checked at once.
             self._add_failure(record)
-            record.turn = at + self._delay(record.failures)
-            turn.taken.append((key, record, record.turn))
+            # Each key's turns follow from its own: an attempt that waits for its
+            # address must not make its username's other logins wait behind it.
+            own = max(now, record.turn)
+            record.turn = own + self._delay(record.failures)
+            turn.taken.append((key, record, own, record.turn))
         if at > now:
             self.delayed += 1
         await self.clock.sleep_until(at)
@@ -212,11 +219,11 @@ class LoginGuard:
         """
         now = self.clock.monotonic()
         records = self._records
-        for key, record, next_turn in turn.taken:
+        for key, record, own, next_turn in turn.taken:
             self._forgive(record, now)
             record.failures = 0.0 if key[0] == "user" else max(0.0, record.failures - 1)
             if record.turn == next_turn:
-                record.turn = turn.at + self._delay(record.failures)
+                record.turn = own + self._delay(record.failures)
             if record.failures == 0 and record.turn <= now and records.get(key) is record:
                 del records[key]
 

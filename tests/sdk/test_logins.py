@@ -306,6 +306,26 @@ async def test_repeated_failures_from_one_address_are_slowed_down(
     assert attempt.result.username == "bob"
 
 
+async def test_an_attempt_held_up_by_its_address_holds_up_nobody_else(
+    meshbus_node: Node, meshbus_clock: ManualClock, secure: Vpn
+) -> None:
+    # An attacker's address waits for its turn; its attempt naming bob must not make
+    # bob's own logins from elsewhere wait behind it.
+    flooded = "192.0.2.66"
+    for i in range(5):
+        await refused(meshbus_node, username=f"user-{i}", password="x", address=flooded)
+    idle = meshbus_clock.sleepers
+    held = Attempt(meshbus_node, username="bob", password="guess", address=flooded)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(held.run)
+        await eventually(lambda: meshbus_clock.sleepers == idle + 1)
+        session = await login_now(meshbus_node, username="bob", password="hunter2")
+        assert isinstance(session, Session)
+        assert not held.done
+        meshbus_clock.advance(1.0)
+    assert isinstance(held.result, AuthenticationError)
+
+
 async def test_repeated_failures_for_one_username_are_slowed_down_from_any_address(
     meshbus_node: Node, meshbus_clock: ManualClock, secure: Vpn, scrypt: Scrypt
 ) -> None:
