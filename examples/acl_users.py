@@ -1,8 +1,9 @@
 """Users, passwords and ACL profiles in a Message VPN.
 
-Shows authentication "none" and "basic", an ACL profile whose exceptions use
-``$client-username``, and how subscribe filters are judged against the
-exceptions (overlap for a default of allow, cover for a default of deny).
+Shows authentication "none" and "basic" (a password is checked off the event
+loop, so those logins are awaited: ``await node.login(...)``), an ACL profile
+whose exceptions use ``$client-username``, and how subscribe filters are judged
+against the exceptions (overlap for a default of allow, cover for a default of deny).
 Run it with ``python examples/acl_users.py``.
 """
 
@@ -44,14 +45,14 @@ async def main() -> None:
         )
 
         try:
-            node.connect("tenant-a", username="ops", password="guess")
+            await node.login("tenant-a", username="ops", password="guess")
         except AuthenticationError as exc:
-            print(f"refused: {exc}")
+            print(f"refused: {exc}")  # the same answer for an unknown username
 
         async with (
-            node.connect("tenant-a", username="probe-7", password="probe-secret") as probe,
-            node.connect("tenant-a", username="ops", password="ops-secret") as ops,
-            node.connect("tenant-a", username="wall", password="wall-secret") as wall,
+            await node.login("tenant-a", username="probe-7", password="probe-secret") as probe,
+            await node.login("tenant-a", username="ops", password="ops-secret") as ops,
+            await node.login("tenant-a", username="wall", password="wall-secret") as wall,
         ):
             probe.publish("sensors/probe-7/temperature", b"21.5")
             print("probe-7 published to sensors/probe-7/temperature")

@@ -19,6 +19,7 @@ from ._links import (
     OriginFilter,
     Stage,
 )
+from ._logins import LoginGuard
 from ._messages import DeliveryMode, Envelope, Message, MessageOptions
 from ._node import DEFAULT_PLUGINS, Node
 from ._pipeline import Pipeline, Router
@@ -87,6 +88,7 @@ __all__ = [
     "LinkRouter",
     "LinkState",
     "LinkStatistics",
+    "LoginGuard",
     "ManualClock",
     "MeshbusError",
     "Message",

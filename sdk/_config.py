@@ -28,7 +28,8 @@ every key not marked required)::
     [vpns.NAME.client_profiles.PROFILE]   # keys: the fields of meshbus.ClientProfile
     [vpns.NAME.acl_profiles.PROFILE]      # keys: the fields of meshbus.AclProfile
     [vpns.NAME.users.USERNAME]            # password, client_profile, acl_profile,
-                                          # subscription_manager, enabled (Vpn.add_user)
+                                          # subscription_manager, management, enabled
+                                          # (Vpn.add_user)
     [vpns.NAME.queues.QUEUE]              # keys: the fields of QueueSettings (subscriptions,
                                           # access_type, max_messages, ...)
     [vpns.NAME.topic_endpoints.ENDPOINT]  # the same but subscriptions (given at bind)

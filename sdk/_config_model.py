@@ -38,6 +38,8 @@ class UserConfig:
     """Name of its ACL profile."""
     subscription_manager: bool = False
     """Whether its sessions may manage other sessions' subscriptions."""
+    management: bool = False
+    """Whether its sessions may read the whole node's statistics."""
     enabled: bool = True
     """Disabled usernames cannot log in."""
 
@@ -134,6 +136,7 @@ class NodeConfig:
                         client_profile=user.client_profile,
                         acl_profile=user.acl_profile,
                         subscription_manager=user.subscription_manager,
+                        management=user.management,
                         enabled=user.enabled,
                     )
                 except ConfigurationError as exc:

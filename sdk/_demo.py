@@ -91,10 +91,10 @@ async def demo() -> None:
         )
         tenant.add_user("viewer", password="s3cret", acl_profile="readonly")
         try:
-            node.connect("tenant-a", username="viewer", password="wrong")
+            await node.login("tenant-a", username="viewer", password="wrong")
         except AuthenticationError as exc:
             print(f"  refused: {exc}")
-        async with node.connect("tenant-a", username="viewer", password="s3cret") as viewer:
+        async with await node.login("tenant-a", username="viewer", password="s3cret") as viewer:
             viewer.subscribe("public/news")
             try:
                 viewer.subscribe("private/>")
@@ -216,7 +216,7 @@ async def remote_demo() -> None:
         async with Node(name="edge") as node:
             plant = node.create_vpn("plant", authentication="client-certificate")
             plant.add_user("sensor")
-            plant.add_user("ops")
+            plant.add_user("ops", management=True)  # may read every listener's statistics
             node.guaranteed.create_queue("alarms", vpn="plant", subscriptions=["alarms/>"])
             tcp = await start_server(node, ListenerSettings(port=0))
             tls = await start_server(

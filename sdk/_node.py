@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup
 
 from ._clock import SystemClock
 from ._files import write_json_atomically
+from ._logins import LoginGuard
 from ._plugins import PluginManager, compose
 from ._profiles import check_identity
 from ._session import MessageHandler, Session
@@ -94,6 +95,9 @@ class Node:
         #: ones it used before, so neighbours never take a new message for an old one.
         self.next_origin_id: Callable[[], int] = itertools.count(time.time_ns()).__next__
         self._guaranteed: GuaranteedMessaging | None = None
+        #: Checks passwords off the event loop and slows down repeated failed logins
+        #: (SPEC 6); replace it to change its settings.
+        self.logins = LoginGuard(self.clock)
         self.plugins = PluginManager()
         blocked = frozenset(block)
         compose(
@@ -183,6 +187,11 @@ class Node:
     ) -> Session:
         """Log in to a VPN and open a session (also usable as ``async with``).
 
+        This is immediate, so it serves every login that needs no password checked
+        (authentication ``"none"``, or a plugin's :func:`~meshbus.hookspecs.meshbus_authenticate`).
+        Checking a password takes a worker thread, never the event loop (SPEC 6):
+        for a VPN with ``"basic"`` authentication use :meth:`login`.
+
         :param on_message: a function called with each message, inline with the
             publish, or an ``async`` function awaited by one task per session;
             ``None`` buffers messages for :meth:`Session.receive`.
@@ -190,7 +199,8 @@ class Node:
             node clock's time (:attr:`Message.timestamp`); without it they carry
             ``None``. Guaranteed messages are always stamped.
         :raises AuthenticationError: the login was refused (also: no VPN of that name).
-        :raises StateError: the node is not running, or the client name is in use.
+        :raises StateError: the node is not running, the client name is in use, or
+            a password would have to be checked (use :meth:`login`).
         """
         target = self._vpns.get(vpn)
         if target is None:
@@ -202,6 +212,52 @@ class Node:
             no_local=no_local,
             on_message=on_message,
             timestamps=timestamps,
+        )
+
+    async def login(
+        self,
+        vpn: str = "default",
+        *,
+        username: str = "default",
+        password: str | None = None,
+        client_name: str | None = None,
+        no_local: bool = False,
+        on_message: MessageHandler | None = None,
+        timestamps: bool = False,
+        certificate_name: str | None = None,
+        address: str | None = None,
+    ) -> Session:
+        """Log in to a VPN and open a session, checking a password off the event loop.
+
+        Takes what :meth:`connect` takes and works for every authentication scheme;
+        listeners log their clients in this way. The login goes through
+        :attr:`logins`: the password is checked in a worker thread, a refusal says
+        ``login refused`` whatever the reason (the reason is logged), and repeated
+        failures for the username, or from ``address``, make later attempts wait
+        for their turn on the node's clock. ::
+
+            async with await node.login("tenant", username="ops", password=secret) as s:
+                ...
+
+        :param certificate_name: the common name of a client certificate that a
+            listener verified (for ``authentication="client-certificate"``).
+        :param address: where the client connects from (listeners pass the peer's).
+        :raises AuthenticationError: the login was refused (also: no VPN of that name).
+        :raises AccessDeniedError: the ACL profile denies connecting.
+        :raises StateError: the node is not running, or the client name is in use.
+        """
+        target = self._vpns.get(vpn)
+        if target is None:
+            raise await self.logins.unknown_vpn(vpn, username, address)
+        return await target.login(
+            username=username,
+            password=password,
+            client_name=client_name,
+            no_local=no_local,
+            on_message=on_message,
+            timestamps=timestamps,
+            certificate_name=certificate_name,
+            address=address,
         )
 
     # --- lifecycle ----------------------------------------------------------------

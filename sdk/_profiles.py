@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from ._topics import TopicLimits, parse_subscription
+from ._topics import QUEUE_TOPIC_PREFIX, TopicLimits, parse_subscription
 from .errors import ConfigurationError, InvalidTopicError
 
 __all__ = [
@@ -116,18 +116,33 @@ def _to_action(value: object) -> AclAction:
         raise ConfigurationError(f"ACL action must be 'allow' or 'deny', got {value!r}") from None
 
 
-def _to_exceptions(value: object) -> tuple[str, ...]:
+def _to_exceptions(value: object, *, queues: bool = False) -> tuple[str, ...]:
     if isinstance(value, str) or not hasattr(value, "__iter__"):
         raise ConfigurationError(f"ACL exceptions must be a list of filters, got {value!r}")
     out = tuple(value)
     for item in out:
+        text = item
+        # A queue is published to as the reserved topic #P2P/QUE/<name> (SPEC 4), so
+        # publish exceptions may name queues; the part after the prefix is an
+        # ordinary filter over queue names. Nobody subscribes to a queue topic.
+        is_queue = isinstance(item, str) and item.startswith(QUEUE_TOPIC_PREFIX)
+        if is_queue and queues:
+            text = item[len(QUEUE_TOPIC_PREFIX) :]
         try:
-            sub = parse_subscription(item, TopicLimits())
+            sub = parse_subscription(text, TopicLimits())
         except InvalidTopicError as exc:
-            raise ConfigurationError(f"invalid ACL exception: {exc}") from None
+            if is_queue and not queues:
+                raise ConfigurationError(
+                    f"ACL exception {item!r}: queue topics are for publish exceptions only"
+                ) from None
+            raise ConfigurationError(f"invalid ACL exception {item!r}: {exc}") from None
         if sub.is_shared or sub.no_export:
             raise ConfigurationError(f"ACL exception {item!r} must be a plain topic filter")
     return out
+
+
+def _to_publish_exceptions(value: object) -> tuple[str, ...]:
+    return _to_exceptions(value, queues=True)
 
 
 @attrs.frozen
@@ -138,7 +153,9 @@ class AclProfile:
     Exceptions may contain ``$client-username`` and ``$client-name``, which
     are replaced by the session's values. How filters are judged:
 
-    * publish: the topic is matched against the exceptions;
+    * publish: the topic is matched against the exceptions; sending to a queue by
+      name is publishing to ``#P2P/QUE/<queue name>`` (an exception ``>`` covers
+      it too, since ``>`` covers every topic);
     * subscribe with default *allow*: denied when the filter could receive a
       message on an exception topic (the filters overlap), so ``>`` is denied
       when ``secret/>`` is an exception;
@@ -152,8 +169,9 @@ class AclProfile:
     """Whether clients with this profile may log in at all."""
     publish_default: AclAction = attrs.field(default=AclAction.ALLOW, converter=_to_action)
     """Default for publishing to a topic."""
-    publish_exceptions: tuple[str, ...] = attrs.field(default=(), converter=_to_exceptions)
-    """Filters whose topics get the opposite of ``publish_default``."""
+    publish_exceptions: tuple[str, ...] = attrs.field(default=(), converter=_to_publish_exceptions)
+    """Filters whose topics get the opposite of ``publish_default``; a queue is the
+    topic ``#P2P/QUE/<queue name>``, so ``#P2P/QUE/orders`` names queue ``orders``."""
     subscribe_default: AclAction = attrs.field(default=AclAction.ALLOW, converter=_to_action)
     """Default for subscribing to a filter."""
     subscribe_exceptions: tuple[str, ...] = attrs.field(default=(), converter=_to_exceptions)
@@ -240,3 +258,6 @@ class ClientUsername:
     """Disabled usernames cannot log in."""
     subscription_manager: bool = attrs.field(default=False, validator=_flag)
     """Whether its sessions may add and remove subscriptions for other sessions."""
+    management: bool = attrs.field(default=False, validator=_flag)
+    """Whether its sessions may read node-wide statistics: the node's totals, every
+    VPN's and every listener's. Other sessions see their own VPN's only (SPEC 6)."""

@@ -296,6 +296,8 @@ class Session:
     ) -> None:
         """Publish a guaranteed message to one queue by name (SPEC 4).
 
+        :raises AccessDeniedError: the ACL profile denies publishing to the queue's
+            topic, ``#P2P/QUE/<queue>``; nothing was stored.
         :raises PublishRejectedError: no such queue, ingress disabled, over quota or
             too large; nothing was stored.
         """
@@ -346,14 +348,24 @@ class Session:
             raise AccessDeniedError(self.username, "subscribe", subscription)
         return await self.node.guaranteed.bind_topic_endpoint(self, endpoint, filter, window)
 
+    def check_publish_acl(self, topic: str) -> None:
+        """Raise :class:`AccessDeniedError` (and count it in ``denied``) when the ACL
+        profile denies publishing to ``topic``.
+
+        The topic is not validated, so reserved topics can be judged too: plugins
+        call this for what a session publishes to on their side, such as a queue
+        addressed by name (``#P2P/QUE/<queue>``, SPEC 4).
+        """
+        if not self._acl.may_publish(topic):
+            self.denied += 1
+            raise AccessDeniedError(self.username, "publish", topic)
+
     def _admit(self, topic: str) -> None:
         """First publish to ``topic``: validate it and check the ACL, then remember it."""
         if self.closed:
             raise StateError(f"session {self.client_name!r} is closed")
         validate_topic(topic, self.vpn.topic_limits)
-        if not self._acl.may_publish(topic):
-            self.denied += 1
-            raise AccessDeniedError(self.username, "publish", topic)
+        self.check_publish_acl(topic)
         if len(self._admitted) >= _ADMITTED_CACHE:
             self._admitted.clear()
         self._admitted[topic] = None

@@ -32,6 +32,8 @@ __all__ = [
 
 SHARE_PREFIX = "#share/"
 NOEXPORT_PREFIX = "#noexport/"
+#: The reserved topic a queue is addressed by: ``#P2P/QUE/<queue name>`` (SPEC 4).
+QUEUE_TOPIC_PREFIX = "#P2P/QUE/"
 
 
 @attrs.frozen

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+import attrs
+
 from ._links import LinkRouter
 from ._messages import Envelope
 from ._pipeline import Pipeline
@@ -18,13 +20,12 @@ from ._profiles import (
     ClientUsername,
     check_identity,
     hash_password,
-    verify_password,
 )
 from ._session import MessageHandler, Session
 from ._stash import Stash
 from ._stats import VpnStatistics
 from ._topics import TopicLimits
-from .errors import AccessDeniedError, AuthenticationError, ConfigurationError, StateError
+from .errors import AccessDeniedError, ConfigurationError, StateError
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -102,12 +103,24 @@ class Vpn:
         name: str,
         *,
         password: str | None = None,
+        password_hash: str | None = None,
         client_profile: str = "default",
         acl_profile: str = "default",
         subscription_manager: bool = False,
+        management: bool = False,
         enabled: bool = True,
     ) -> ClientUsername:
-        """Add or replace a client username; the password is stored hashed."""
+        """Add or replace a client username; the password is stored hashed.
+
+        ``password`` is hashed here, on the calling thread. To keep that off the
+        event loop of a running node, hash it in a worker thread and pass
+        ``password_hash=await anyio.to_thread.run_sync(hash_password, password)``.
+        The flags are those of :class:`~meshbus.ClientUsername`: a subscription
+        manager may manage other sessions' subscriptions, a management user may
+        read the statistics of the whole node.
+        """
+        if password is not None and password_hash is not None:
+            raise ConfigurationError(f"user {name!r}: give a password or its hash, not both")
         problems = []
         if client_profile not in self._client_profiles:
             problems.append(f"unknown client profile {client_profile!r}")
@@ -119,8 +132,9 @@ class Vpn:
             name=name,
             client_profile=client_profile,
             acl_profile=acl_profile,
-            password_hash=hash_password(password) if password is not None else None,
+            password_hash=hash_password(password) if password is not None else password_hash,
             subscription_manager=subscription_manager,
+            management=management,
             enabled=enabled,
         )
         self._users[name] = user
@@ -148,37 +162,6 @@ class Vpn:
 
     # --- sessions ----------------------------------------------------------------
 
-    def _login(
-        self, username: str, password: str | None, certificate_name: str | None
-    ) -> ClientUsername:
-        user = self.node.plugins.authenticate(self, username, password)
-        if user is not None:
-            return user
-        known = self._users.get(username)
-        if self.authentication == "none":
-            user = known if known is not None else self._users["default"]
-        elif known is None:
-            raise AuthenticationError(username, f"unknown username in VPN {self.name!r}")
-        elif self.authentication == "client-certificate":
-            if certificate_name is None:
-                raise AuthenticationError(username, "VPN requires a client certificate")
-            if certificate_name != username:
-                raise AuthenticationError(
-                    username, f"client certificate is for {certificate_name!r}"
-                )
-            user = known
-        elif (
-            password is None
-            or known.password_hash is None
-            or not verify_password(password, known.password_hash)
-        ):
-            raise AuthenticationError(username, "wrong password")
-        else:
-            user = known
-        if not user.enabled:
-            raise AuthenticationError(username, "username is disabled")
-        return user
-
     def open_session(
         self,
         *,
@@ -190,11 +173,78 @@ class Vpn:
         timestamps: bool = False,
         certificate_name: str | None = None,
     ) -> Session:
-        """Log in and open a session (see :meth:`meshbus.Node.connect`).
+        """Log in and open a session at once (see :meth:`meshbus.Node.connect`).
+
+        A login that needs a password checked cannot be done this way, since
+        hashing never runs on the event loop (SPEC 6): use :meth:`login`.
 
         :param certificate_name: the common name of a client certificate that a
             listener verified (for ``authentication="client-certificate"``).
+        :raises AuthenticationError: the login was refused (see :meth:`login`).
+        :raises StateError: a password would have to be checked; the node is not
+            running; the client name is in use.
         """
+        client_name = self._check_can_open(username, client_name)
+        try:
+            verdict = self._judge(username, password, certificate_name)
+            if verdict.check:
+                raise StateError(
+                    f"VPN {self.name!r} checks passwords in a worker thread, never on the "
+                    "event loop: log in with 'await node.login(...)'"
+                )
+            user, acl, profile = self._authorize(verdict, username)
+        except (AccessDeniedError, ConfigurationError):
+            self.login_failures += 1
+            raise
+        return self._open(
+            user, username, client_name, profile, acl, no_local, on_message, timestamps
+        )
+
+    async def login(
+        self,
+        *,
+        username: str = "default",
+        password: str | None = None,
+        client_name: str | None = None,
+        no_local: bool = False,
+        on_message: MessageHandler | None = None,
+        timestamps: bool = False,
+        certificate_name: str | None = None,
+        address: str | None = None,
+    ) -> Session:
+        """Log in and open a session, checking a password in a worker thread (see
+        :meth:`meshbus.Node.login`).
+
+        :param certificate_name: the common name of a client certificate that a
+            listener verified (for ``authentication="client-certificate"``).
+        :param address: where the client connects from, so that repeated failures
+            from there are slowed down (listeners pass the peer's address).
+        """
+        client_name = self._check_can_open(username, client_name)
+        guard = self.node.logins
+        keys = guard.keys(self.name, username, address)
+        try:
+            turn = await guard.wait_turn(keys)
+            if turn is None:
+                raise guard.refuse(username, "too many failed logins, so not checked")
+            verdict = self._judge(username, password, certificate_name)
+            if verdict.check:
+                assert password is not None  # _judge refuses a missing one without a check
+                matched = await guard.verify(password, verdict.password_hash)
+                if not matched and verdict.reason is None:
+                    verdict = _Verdict(None, reason="wrong password")
+            if verdict.reason is None:
+                guard.succeeded(turn)
+            user, acl, profile = self._authorize(verdict, username)
+        except (AccessDeniedError, ConfigurationError):
+            self.login_failures += 1
+            raise
+        return self._open(
+            user, username, client_name, profile, acl, no_local, on_message, timestamps
+        )
+
+    def _check_can_open(self, username: str, client_name: str | None) -> str:
+        """Refuse what no credentials could make right; the client name to use."""
         if self.removed:
             raise StateError(f"VPN {self.name!r} was removed")
         if not self.node.running:
@@ -207,21 +257,87 @@ class Vpn:
             while client_name in self._sessions:
                 client_name = f"{self.node.name}-{next(self._client_ids)}"
         check_identity("client name", client_name)
+        return client_name
+
+    def _judge(
+        self,
+        username: str,
+        password: str | None,
+        certificate_name: str | None,
+    ) -> _Verdict:
+        """Who would log in, and what is checked first; no password is checked here."""
+        hooked = self.node.plugins.authenticate(self, username, password)
+        if hooked is not None:
+            return _Verdict(hooked)
+        known = self._users.get(username)
+        if self.authentication == "none":
+            user = known if known is not None else self._users["default"]
+            return _Verdict(user, reason=None if user.enabled else "username is disabled")
+        if self.authentication == "client-certificate":
+            if certificate_name is None:
+                reason = "no client certificate"
+            elif known is None:
+                reason = "unknown username"
+            elif certificate_name != username:
+                reason = f"the client certificate is for {certificate_name!r}"
+            elif not known.enabled:
+                reason = "username is disabled"
+            else:
+                return _Verdict(known)
+            return _Verdict(None, reason=reason)
+        # Basic: every login with a password costs one check, whoever it names.
+        if password is None:
+            return _Verdict(None, reason="no password given")
+        if known is None:
+            return _Verdict(None, check=True, reason="unknown username")
+        if known.password_hash is None:
+            return _Verdict(None, check=True, reason="username has no password")
+        if not known.enabled:
+            return _Verdict(
+                None, check=True, password_hash=known.password_hash, reason="username is disabled"
+            )
+        return _Verdict(known, check=True, password_hash=known.password_hash)
+
+    def _authorize(
+        self, verdict: _Verdict, username: str
+    ) -> tuple[ClientUsername, AclProfile, ClientProfile]:
+        """Refuse a failed authentication with one answer, then apply the profiles.
+
+        What is refused after the credentials were right says why: the client has
+        shown it knows them.
+        """
+        if verdict.reason is not None or verdict.user is None:
+            raise self.node.logins.refuse(username, verdict.reason or "refused")
+        user = verdict.user
+        acl = self._acl_profiles.get(user.acl_profile)
+        profile = self._client_profiles.get(user.client_profile)
+        if acl is None or profile is None:
+            raise ConfigurationError(
+                f"user {user.name!r} refers to a profile that no longer exists"
+            )
+        if acl.connect_default is AclAction.DENY:
+            raise AccessDeniedError(username, "connect", why=f"ACL profile {acl.name!r}")
+        return user, acl, profile
+
+    def _open(
+        self,
+        user: ClientUsername,
+        username: str,
+        client_name: str,
+        profile: ClientProfile,
+        acl: AclProfile,
+        no_local: bool,
+        on_message: MessageHandler | None,
+        timestamps: bool,
+    ) -> Session:
+        # Checked again after authentication: a login may have waited for a thread,
+        # and only a client that proved who it is learns which names are in use.
+        if self.removed:
+            raise StateError(f"VPN {self.name!r} was removed")
+        if not self.node.running:
+            raise StateError("the node is not running: use 'async with node:' first")
         if client_name in self._sessions:
             raise StateError(f"client name {client_name!r} is already in use in VPN {self.name!r}")
-        try:
-            user = self._login(username, password, certificate_name)
-            acl = self._acl_profiles.get(user.acl_profile)
-            profile = self._client_profiles.get(user.client_profile)
-            if acl is None or profile is None:
-                raise ConfigurationError(
-                    f"user {user.name!r} refers to a profile that no longer exists"
-                )
-            if acl.connect_default is AclAction.DENY:
-                raise AccessDeniedError(username, "connect", why=f"ACL profile {acl.name!r}")
-        except (AccessDeniedError, ConfigurationError):
-            self.login_failures += 1
-            raise
         session = Session(
             self, client_name, user, username, profile, acl, no_local, on_message, timestamps
         )
@@ -334,3 +450,17 @@ class Vpn:
     def _close_all(self) -> None:
         for session in list(self._sessions.values()):
             session.close()
+
+
+@attrs.frozen
+class _Verdict:
+    """What a login's username, password and certificate come to before a password check."""
+
+    user: ClientUsername | None
+    """Who logs in, unless something below refuses."""
+    check: bool = False
+    """Whether the password must match :attr:`password_hash` first."""
+    password_hash: str | None = None
+    """What the password is checked against; ``None``: a dummy hash (the same work)."""
+    reason: str | None = None
+    """Why it is refused whatever the password (for the log; the client is not told)."""

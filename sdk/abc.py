@@ -103,7 +103,12 @@ class GuaranteedMessaging(ABC):
     async def send_to_queue(
         self, session: Session, queue: str, payload: bytes, options: Mapping[str, Any]
     ) -> None:
-        """Publish a guaranteed message to a queue by name; return once the bus holds it."""
+        """Publish a guaranteed message to a queue by name; return once the bus holds it.
+
+        An implementation checks the session's ACL first, with
+        :meth:`Session.check_publish_acl() <meshbus.Session.check_publish_acl>` on the
+        queue's topic ``#P2P/QUE/<queue>`` (SPEC 4), and stores nothing when it is denied.
+        """
 
     @abstractmethod
     async def send_many(

@@ -54,8 +54,12 @@ class BlockingNode:
         self.node = node
 
     def connect(self, vpn: str = "default", **options: Any) -> BlockingSession:
-        """Open a session; takes the options of :meth:`meshbus.Node.connect`."""
-        session = self.portal.call(functools.partial(self.node.connect, vpn, **options))
+        """Log in and open a session; takes the options of :meth:`meshbus.Node.login`.
+
+        It waits for the login as :meth:`meshbus.Node.login` does, so it also serves
+        VPNs whose passwords are checked in a worker thread.
+        """
+        session = self.portal.call(functools.partial(self.node.login, vpn, **options))
         return BlockingSession(self.portal, session)
 
     def create_vpn(self, name: str, **options: Any) -> Vpn:

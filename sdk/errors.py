@@ -105,10 +105,19 @@ class AccessDeniedError(MeshbusError):
 
 
 class AuthenticationError(AccessDeniedError):
-    """A login was refused (unknown VPN or user, wrong password, disabled user)."""
+    """A login was refused (unknown VPN or user, wrong password, disabled user).
 
-    def __init__(self, username: str, why: str) -> None:
+    A client is told ``why``, which for a failed authentication is the same
+    whatever went wrong, so that it cannot tell whether the username exists
+    (SPEC 6).
+
+    :ivar reason: what really went wrong, for the node's log; never sent to a
+        client. The same as ``why`` unless the refusal hides it.
+    """
+
+    def __init__(self, username: str, why: str, reason: str | None = None) -> None:
         super().__init__(username, "connect", why=why)
+        self.reason = why if reason is None else reason
 
 
 class LimitExceededError(MeshbusError):

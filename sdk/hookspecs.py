@@ -167,6 +167,12 @@ def meshbus_authenticate(vpn: Vpn, username: str, password: str | None) -> Clien
     decision to later plugins and finally to the VPN's own authentication
     (``none`` or ``basic`` against its configured users).
 
+    It is called on the event loop, so it must not block (SPEC 6: no password
+    hashing there). The error's ``why`` reaches the client: to give nothing
+    away, refuse as the VPN does, with
+    ``AuthenticationError(username, "login refused", reason="...")``, whose
+    ``reason`` goes to the node's log only.
+
     :param vpn: the VPN the client logs in to.
     :param username: the client username given.
     :param password: the password given, or ``None``.

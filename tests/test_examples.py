@@ -69,7 +69,7 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "acl_users.py": [
         "visitor logged in with the profiles of user 'default'",
-        "refused: connect denied for user 'ops': wrong password",
+        "refused: connect denied for user 'ops': login refused",
         "denied: publish to 'sensors/probe-8/temperature' denied for user 'probe-7'",
         "denied: subscribe to '>' denied for user 'ops'",
         "denied: subscribe to 'audit/logins' denied for user 'ops'",

@@ -750,7 +750,9 @@ class RemoteSession:
         return flow
 
     async def node_statistics(self) -> dict[str, Any]:
-        """The node's statistics: totals, per VPN and per listener (``meshbus stats``)."""
+        """The node's statistics as ``meshbus stats`` prints them: this session's VPN,
+        or, for a username with the management role, also the node's totals, every
+        VPN and every listener."""
         result = await self._request(K.REQUEST, {"what": "stats"})
         stats = result.get("result")
         if not isinstance(stats, dict):

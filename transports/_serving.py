@@ -501,18 +501,26 @@ class ServedSession:
 
 
 def node_statistics(session: Session) -> dict[str, Any]:
-    """What ``meshbus stats`` shows: node totals, the session's VPN and the listeners."""
+    """What ``meshbus stats`` shows to ``session`` (SPEC 6).
+
+    A session sees its own VPN's counters only: ``{"node": ..., "vpns": {own: ...}}``.
+    A session whose username has the management role also gets the node's
+    ``totals``, every VPN and the ``listeners``, which count every tenant's traffic.
+    """
+    node = session.node
+    if not session.user.management:
+        return {"node": node.name, "vpns": {session.vpn.name: _as_dict(session.vpn.statistics())}}
     from ._server import SERVERS
 
-    node = session.node
     stats: NodeStatistics = node.statistics()
-    result: dict[str, Any] = {"node": node.name, "totals": _as_dict(stats)}
-    # Only the session's own VPN: other tenants' counters are not its business.
-    result["vpns"] = {session.vpn.name: _as_dict(session.vpn.statistics())}
-    result["listeners"] = {
-        server.url: _as_dict(server.statistics()) for server in node.stash.get(SERVERS, [])
+    return {
+        "node": node.name,
+        "totals": _as_dict(stats),
+        "vpns": {name: _as_dict(vpn.statistics()) for name, vpn in node.vpns.items()},
+        "listeners": {
+            server.url: _as_dict(server.statistics()) for server in node.stash.get(SERVERS, [])
+        },
     }
-    return result
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

@@ -138,7 +138,8 @@ class SparkBridge(Pipelines):
         self._scopes.clear()
         self._staged.clear()
         self._in_flight: set[tuple[str, int]] = set()
-        self._session = node.connect(
+        # login(), not connect(): a password is checked off the event loop (SPEC 6).
+        self._session = await node.login(
             self.vpn,
             username=self._username,
             password=self._password,
@@ -277,7 +278,7 @@ class SparkBridge(Pipelines):
             ),
         )
         if spec.queue is None:
-            session = node.connect(
+            session = await node.login(
                 self.vpn,
                 username=self._username,
                 password=self._password,

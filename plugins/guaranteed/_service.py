@@ -30,6 +30,7 @@ from meshbus import (
     parse_endpoint_subscription,
 )
 from meshbus._files import write_json_atomically
+from meshbus._topics import QUEUE_TOPIC_PREFIX
 from meshbus.abc import Flow, GuaranteedMessaging
 
 from ._queue import Queue, QueueFlow
@@ -40,10 +41,8 @@ __all__ = ["GuaranteedService"]
 
 log = logging.getLogger("meshbus.guaranteed")
 
-QUEUE_TOPIC_PREFIX = "#P2P/QUE/"
 #: Seconds between sweeps for messages past their TTL that no flow will hand out.
 TTL_SWEEP_INTERVAL = 1.0
-"""Topic given to messages published to a queue by name (as brokers name it)."""
 
 
 class GuaranteedService(GuaranteedMessaging):
@@ -398,6 +397,10 @@ class GuaranteedService(GuaranteedMessaging):
         self, session: Session, queue: str, payload: bytes, options: Mapping[str, Any]
     ) -> None:
         self._may_send(session)
+        topic = QUEUE_TOPIC_PREFIX + queue
+        # Judged as a publish to the queue's topic (SPEC 4), before the queue is looked
+        # up, so that a session the ACL denies cannot tell which queues exist.
+        session.check_publish_acl(topic)
         target = self._queues.get((session.vpn.name, queue))
         if target is None or target.topic_endpoint:
             raise PublishRejectedError("no-such-queue", f"queue {queue!r}")
@@ -406,7 +409,7 @@ class GuaranteedService(GuaranteedMessaging):
             raise refusal
         now = self.node.clock.time()
         meta = _with_meta(options, session, self._new_origin())
-        await self._spool([target], QUEUE_TOPIC_PREFIX + queue, payload, meta, now)
+        await self._spool([target], topic, payload, meta, now)
 
     def _new_origin(self) -> tuple[str, int]:
         return (self.node.node_id, self.node.next_origin_id())

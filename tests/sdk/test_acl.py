@@ -395,5 +395,12 @@ def test_add_user_stores_only_the_hash() -> None:
     assert verify_password("p4ss", user.password_hash)
     assert vpn.users["u"] is user
     assert vpn.add_user("v").password_hash is None
+    hashed = vpn.add_user("h", password_hash=user.password_hash)
+    assert hashed.password_hash == user.password_hash
+    with pytest.raises(ConfigurationError, match="not both"):
+        vpn.add_user("x", password="p4ss", password_hash=user.password_hash)
+    with pytest.raises(ConfigurationError):
+        vpn.add_user("y", password_hash="p4ss")  # not a hash
+    assert "x" not in vpn.users
     with pytest.raises(ConfigurationError):
         ClientUsername("w", password_hash="p4ss")

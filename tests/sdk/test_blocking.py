@@ -7,7 +7,15 @@ import time
 
 import pytest
 
-from meshbus import AccessDeniedError, AclProfile, InvalidTopicError, Message, StateError, blocking
+from meshbus import (
+    AccessDeniedError,
+    AclProfile,
+    AuthenticationError,
+    InvalidTopicError,
+    Message,
+    StateError,
+    blocking,
+)
 
 pytestmark = pytest.mark.parametrize("backend", ["asyncio", "trio"])
 
@@ -60,6 +68,16 @@ def test_receive_waits_for_a_publish_from_another_thread(backend: str) -> None:
             assert reader.receive(timeout=2).payload == b"from thread"
         finally:
             timer.join()
+
+
+def test_connect_checks_a_password_off_the_event_loop(backend: str) -> None:
+    with blocking.start(backend) as node:
+        vpn = node.create_vpn("secure", authentication="basic")
+        node.portal.call(lambda: vpn.add_user("alice", password="s3cret"))
+        with node.connect("secure", username="alice", password="s3cret") as session:
+            assert session.session.user is vpn.users["alice"]
+        with pytest.raises(AuthenticationError, match="login refused"):
+            node.connect("secure", username="alice", password="wrong")
 
 
 def test_errors_reach_the_caller(backend: str) -> None:

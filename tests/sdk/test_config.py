@@ -500,6 +500,19 @@ def test_client_certificates_need_a_listener_that_verifies_them(
     assert "truck-7" in node.vpn("fleet").users
 
 
+def test_a_user_can_have_the_management_role(problems: Problems, tmp_path: Path) -> None:
+    data = {"vpns": {"default": {"users": {"ops": {"management": True}, "app": {}}}}}
+    users = parse_config(data, base_dir=tmp_path).build_node().vpn().users
+    assert users["ops"].management
+    assert not users["app"].management
+    text = """
+        [vpns.default.users.ops]
+        management = "yes"
+    """
+    (problem,) = problems(text)
+    assert problem.startswith("edge.toml: vpns.default.users.ops.management: "), problem
+
+
 # --- the example --------------------------------------------------------------------------
 
 
@@ -536,6 +549,8 @@ def test_the_example_describes_its_node(certs: Path) -> None:
     assert sorted(plant.users) == ["default", "operator", "retired", "sensor-17"]
     operator = plant.users["operator"]
     assert (operator.client_profile, operator.acl_profile) == ("dashboard", "read-only")
+    assert operator.management
+    assert not plant.users["sensor-17"].management
     assert operator.password_hash is not None
     assert "operator-secret" not in repr(config)
     assert not plant.users["retired"].enabled
@@ -565,20 +580,22 @@ async def test_the_example_provisions_and_serves_logins(tmp_path: Path, certs: P
         assert historian.settings.max_messages == 1000000
         assert not historian.settings.reject_msg_to_sender_on_discard
 
-        async with node.connect("plant", username="sensor-17", password="sensor-secret") as s:
+        async with await node.login("plant", username="sensor-17", password="sensor-secret") as s:
             await s.send("plant/alarms/boiler", b"too hot")
-        async with node.connect("plant", username="operator", password="operator-secret") as s:
+        async with await node.login("plant", username="operator", password="operator-secret") as s:
             flow = await s.bind("alarms")
             message = await flow.receive()
             assert message.payload == b"too hot"
             flow.ack(message)
             await flow.unbind()
-        with pytest.raises(AuthenticationError, match="wrong password"):
-            node.connect("plant", username="operator", password="guess")
-        with pytest.raises(AuthenticationError, match="retired"):
-            node.connect("plant", username="retired")
-        with pytest.raises(AuthenticationError, match="unknown username"):
-            node.connect("plant", username="mallory", password="x")
+        for refused in (
+            {"username": "operator", "password": "guess"},
+            {"username": "retired", "password": "x"},
+            {"username": "mallory", "password": "x"},
+        ):
+            with pytest.raises(AuthenticationError, match="login refused"):
+                await node.login("plant", **refused)
+        assert node.vpn("plant").statistics().login_failures == 3
         async with node.connect("lab", username="anyone"):
             pass
     assert (tmp_path / "data").is_dir()

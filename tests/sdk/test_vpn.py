@@ -157,7 +157,7 @@ async def test_auth_none_known_user_gets_its_profiles_whatever_the_password(
 async def test_auth_none_disabled_users_are_refused(meshbus_node: Node) -> None:
     vpn = meshbus_node.vpn()
     vpn.add_user("off", enabled=False)
-    with pytest.raises(AuthenticationError, match="disabled"):
+    with pytest.raises(AuthenticationError, match="login refused"):
         meshbus_node.connect(username="off")
     vpn.add_user("default", enabled=False)  # unknown names log in as 'default'
     with pytest.raises(AuthenticationError):
@@ -187,19 +187,20 @@ async def test_auth_basic(meshbus_node: Node) -> None:
     ]
     for i, login in enumerate(refused, start=1):
         with pytest.raises(AuthenticationError) as info:
-            meshbus_node.connect("secure", **login)
+            await meshbus_node.login("secure", **login)
         assert info.value.username == login["username"]
+        assert info.value.why == "login refused"  # whatever the reason (SPEC 6)
         assert vpn.statistics().login_failures == i
     assert vpn.sessions == {}
 
-    session = meshbus_node.connect("secure", username="alice", password="s3cret")
+    session = await meshbus_node.login("secure", username="alice", password="s3cret")
     assert session.user is user
     assert session.acl_profile.name == "ro"
     assert vpn.statistics().login_failures == len(refused)
 
     vpn.add_user("alice", password="s3cret", enabled=False)
-    with pytest.raises(AuthenticationError, match="disabled"):
-        meshbus_node.connect("secure", username="alice", password="s3cret")
+    with pytest.raises(AuthenticationError, match="login refused"):
+        await meshbus_node.login("secure", username="alice", password="s3cret")
     assert not session.closed  # replacing the user does not log out open sessions
     assert meshbus_node.statistics().login_failures == len(refused) + 1
 
@@ -295,6 +296,15 @@ def test_client_profile_limits_accept_the_smallest_valid_values() -> None:
         {"subscribe_exceptions": ["#noexport/a"]},
         {"subscribe_exceptions": [5]},
         {"name": ""},
+        # Queue topics (#P2P/QUE/<queue>) are for publishing: nobody subscribes to them.
+        {"subscribe_exceptions": ["#P2P/QUE/orders"]},
+        # Other reserved topics cannot be published to at all.
+        {"publish_exceptions": ["#P2P/TOPIC/a"]},
+        {"publish_exceptions": ["#reserved/a"]},
+        {"publish_exceptions": ["#share/g/a"]},
+        {"publish_exceptions": ["#P2P/QUE/"]},  # no queue name
+        {"publish_exceptions": ["#P2P/QUE/#share/g/q"]},
+        {"publish_exceptions": ["#P2P/QUE/a\x00b"]},
     ],
 )
 def test_bad_acl_profile_settings(settings: dict[str, Any]) -> None:
@@ -311,12 +321,19 @@ def test_acl_profile_accepts_strings_and_wildcard_exceptions() -> None:
     assert profile.publish_default.value == "deny"
 
 
+def test_acl_profile_accepts_queue_topics_as_publish_exceptions() -> None:
+    queues = ["#P2P/QUE/orders", "#P2P/QUE/inbox-*", "#P2P/QUE/$client-username", "#P2P/QUE/>"]
+    profile = AclProfile("p", publish_default="deny", publish_exceptions=queues)
+    assert profile.publish_exceptions == tuple(queues)
+
+
 @pytest.mark.parametrize(
     "settings",
     [
         {"client_profile": ""},
         {"enabled": "no"},
         {"subscription_manager": 1},
+        {"management": "yes"},
         {"password_hash": "plain-text"},
         {"name": "a/b"},
     ],

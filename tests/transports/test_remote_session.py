@@ -520,15 +520,16 @@ async def test_duplicate_client_name_is_refused(node: Node, server: Server) -> N
     existing.close()
 
 
-async def test_node_statistics(node: Node, server: Server) -> None:
-    async with connect(server.url) as a, connect(server.url) as b:
+async def test_node_statistics_of_a_management_user(node: Node, server: Server) -> None:
+    node.vpn().add_user("ops", management=True)
+    async with connect(server.url, username="ops") as a, connect(server.url) as b:
         b.subscribe("s")
         await b.confirm()
         a.publish("s", b"x")
         a.publish("nobody", b"y")
         await receive(b)
         stats = await a.node_statistics()
-    assert set(stats) >= {"node", "totals", "vpns", "listeners"}
+    assert set(stats) == {"node", "totals", "vpns", "listeners"}
     assert stats["node"] == "node"
     assert set(stats["vpns"]) == {"default"}
     default = stats["vpns"]["default"]
@@ -553,6 +554,42 @@ async def test_node_statistics(node: Node, server: Server) -> None:
         "bytes_received",
         "bytes_sent",
     }
+
+
+async def test_node_statistics_show_a_session_its_own_vpn_only(node: Node, server: Server) -> None:
+    # SPEC 6: another tenant's counters (here its login failures) and the listeners'
+    # are not a session's business without the management role.
+    secret = node.create_vpn("secret", authentication="basic")
+    secret.add_user("admin", password="pw")
+    with pytest.raises(AuthenticationError):
+        node.connect("secret", username="admin")  # no password given
+    assert node.statistics().login_failures == 1
+    async with connect(server.url, username="anyone") as anonymous:
+        anonymous.publish("x", b"y")
+        stats = await anonymous.node_statistics()
+    assert set(stats) == {"node", "vpns"}
+    assert stats["node"] == "node"
+    assert list(stats["vpns"]) == ["default"]
+    own = stats["vpns"]["default"]
+    assert (own["sessions"], own["published"], own["login_failures"]) == (1, 1, 0)
+
+
+async def test_node_statistics_of_a_management_user_cover_every_vpn(
+    node: Node, server: Server
+) -> None:
+    secret = node.create_vpn("secret", authentication="basic")
+    secret.add_user("admin", password="pw")
+    with pytest.raises(AuthenticationError):
+        node.connect("secret", username="admin")
+    tenant = node.create_vpn("tenant")
+    tenant.add_user("ops", management=True)
+    async with connect(server.url, vpn="tenant", username="ops") as ops:
+        stats = await ops.node_statistics()
+    assert list(stats["vpns"]) == ["default", "secret", "tenant"]
+    assert stats["vpns"]["secret"]["login_failures"] == 1
+    assert stats["totals"]["login_failures"] == 1
+    assert stats["totals"]["vpns"] == 3
+    assert stats["listeners"][server.url]["logins"] == 1
 
 
 async def test_request_reply(node: Node, server: Server) -> None:
@@ -759,6 +796,25 @@ async def test_send_to_queue(node: Node, server: Server) -> None:
         flow.ack(message)
         await session.send_to_queue("direct-q", b"still usable after a rejection")
         assert (await receive(flow)).payload == b"still usable after a rejection"
+
+
+async def test_send_to_queue_denied_by_the_acl_raises_access_denied(
+    node: Node, server: Server
+) -> None:
+    svc = service(node)
+    svc.create_queue("alarms")
+    node.vpn().add_acl_profile(
+        AclProfile("plant", publish_default=AclAction.DENY, publish_exceptions=["plant/>"])
+    )
+    node.vpn().add_user("sensor", acl_profile="plant")
+    async with connect(server.url, username="sensor") as session:
+        with pytest.raises(AccessDeniedError) as caught:
+            await session.send_to_queue("alarms", b"x")
+        assert (caught.value.action, caught.value.topic) == ("publish", "#P2P/QUE/alarms")
+        assert caught.value.username == "sensor"
+        await session.send("plant/boiler", b"the session goes on")
+    assert svc.store.stats("default/alarms").messages == 0
+    assert node.vpn().statistics().denied == 1
 
 
 async def test_bind_errors(node: Node, server: Server) -> None:

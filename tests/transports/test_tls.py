@@ -4,12 +4,15 @@ client certificates, pinned CAs and compression."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
+import threading
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
 
-from meshbus import AuthenticationError, Message, Node, TransportError
+from meshbus import AuthenticationError, ManualClock, Message, Node, TransportError
 from meshbus.transports import (
     ListenerSettings,
     RemoteSession,
@@ -41,11 +44,29 @@ async def check_messages_flow(session: RemoteSession, payload: bytes = b"ping") 
 # --- basic authentication --------------------------------------------------------------------
 
 
+REFUSED = "login refused"
+
+
 @pytest.fixture
 def secure(node: Node) -> None:
     vpn = node.create_vpn("secure", authentication="basic")
     vpn.add_user("dave", password="s3cret")
     vpn.add_user("nopass")  # no password: cannot log in with basic authentication
+    vpn.add_user("off", password="s3cret", enabled=False)
+
+
+@pytest.fixture
+def scrypt_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The thread of each scrypt call from now on (the real scrypt still runs)."""
+    threads: list[int] = []
+    real = hashlib.scrypt
+
+    def recording(*args: object, **kwargs: object) -> bytes:
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hashlib, "scrypt", recording)
+    return threads
 
 
 async def test_basic_login(node: Node, server: Server, secure: None) -> None:
@@ -60,8 +81,8 @@ async def test_basic_login(node: Node, server: Server, secure: None) -> None:
 async def test_basic_wrong_password_is_refused_and_counted(
     node: Node, server: Server, secure: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "meshbus.transports")
-    with pytest.raises(AuthenticationError, match="wrong password") as caught:
+    caplog.set_level(logging.WARNING, "meshbus")
+    with pytest.raises(AuthenticationError, match=REFUSED) as caught:
         async with connect(server.url, vpn="secure", username="dave", password="nope"):
             pytest.fail("logged in with a wrong password")
     assert caught.value.username == "dave"
@@ -72,26 +93,131 @@ async def test_basic_wrong_password_is_refused_and_counted(
     assert server.statistics().refused == 1
     assert server.statistics().logins == 0
     assert not node.vpn("secure").sessions
-    assert any("refused login" in r.getMessage() for r in caplog.records)
+    # The operator's log says why, and where from.
+    (record,) = [r for r in caplog.records if "refused login" in r.getMessage()]
+    assert "wrong password" in record.getMessage()
+    assert "127.0.0.1" in record.getMessage()
     await wait_until(lambda: server.statistics().open == 0)
 
 
 @pytest.mark.parametrize(
     ("username", "password", "why"),
     [
-        ("dave", None, "wrong password"),
-        ("nopass", "anything", "wrong password"),
+        ("dave", None, "no password"),
+        ("nopass", "anything", "no password"),
         ("eve", "s3cret", "unknown username"),
+        ("off", "s3cret", "disabled"),
     ],
 )
-async def test_basic_other_refusals(
-    node: Node, server: Server, secure: None, username: str, password: str | None, why: str
+async def test_basic_other_refusals_give_the_same_answer(
+    node: Node,
+    server: Server,
+    secure: None,
+    caplog: pytest.LogCaptureFixture,
+    username: str,
+    password: str | None,
+    why: str,
 ) -> None:
-    with pytest.raises(AuthenticationError, match=why):
+    caplog.set_level(logging.WARNING, "meshbus")
+    with pytest.raises(AuthenticationError) as caught:
         async with connect(server.url, vpn="secure", username=username, password=password):
             pass
+    # SPEC 6: nothing tells a client whether the username exists.
+    assert str(caught.value) == f"connect denied for user {username!r}: {REFUSED}"
+    assert caught.value.why == REFUSED
     assert node.vpn("secure").login_failures == 1
     assert server.statistics().refused == 1
+    assert why in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("username", "password"),
+    [("dave", "nope"), ("eve", "s3cret"), ("off", "s3cret"), ("nopass", "anything")],
+)
+async def test_remote_passwords_are_checked_off_the_event_loop_with_equal_work(
+    node: Node,
+    server: Server,
+    secure: None,
+    scrypt_threads: list[int],
+    username: str,
+    password: str,
+) -> None:
+    with pytest.raises(AuthenticationError, match=REFUSED):
+        async with connect(server.url, vpn="secure", username=username, password=password):
+            pass
+    # One scrypt whatever the reason (a dummy hash stands in for a missing one), so
+    # an unknown username answers no sooner than a wrong password; never on the loop.
+    assert len(scrypt_threads) == 1
+    assert threading.get_ident() not in scrypt_threads
+    async with connect(server.url, vpn="secure", username="dave", password="s3cret") as s:
+        await check_messages_flow(s)
+    assert len(scrypt_threads) == 2
+    assert threading.get_ident() not in scrypt_threads
+
+
+@pytest.fixture
+async def clocked() -> AsyncIterator[tuple[Node, ManualClock, Server]]:
+    """A node on a manual clock with a basic-authentication VPN and a TCP listener."""
+    clock = ManualClock()
+    async with Node(name="clocked", clock=clock) as running:
+        vpn = running.create_vpn("secure", authentication="basic")
+        vpn.add_user("dave", password="s3cret")
+        yield running, clock, await start_server(running, ListenerSettings(port=0))
+
+
+async def test_repeated_failures_from_one_address_wait_on_the_node_clock(
+    clocked: tuple[Node, ManualClock, Server],
+) -> None:
+    _, clock, server = clocked
+    for i in range(5):  # five free failures from 127.0.0.1, for five usernames
+        with pytest.raises(AuthenticationError, match=REFUSED):
+            async with connect(server.url, vpn="secure", username=f"u{i}", password="x"):
+                pass
+    await clock.settle()
+    idle = clock.sleepers
+    outcome: list[object] = []
+
+    async def sixth() -> None:
+        try:
+            async with connect(server.url, vpn="secure", username="dave", password="s3cret") as s:
+                outcome.append(s.client_name)
+        except AuthenticationError as exc:
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sixth)
+        await wait_until(lambda: clock.sleepers == idle + 1)  # waiting for its turn
+        assert outcome == []
+        clock.advance(1.0)
+    (client_name,) = outcome
+    assert isinstance(client_name, str)
+    assert server.statistics().refused == 5
+
+
+class _Stream:
+    def __init__(self, address: object) -> None:
+        self.address = address
+
+    def extra(self, attribute: object, default: object = None) -> object:
+        return self.address
+
+
+@pytest.mark.parametrize(
+    ("remote", "counted_as"),
+    [
+        (("192.0.2.7", 50000), "192.0.2.7"),
+        (("2001:db8:1:2:3:4:5:6", 50000, 0, 0), "2001:db8:1:2::/64"),  # a host has its /64
+        (("::ffff:192.0.2.7", 50000, 0, 0), "192.0.2.7"),
+        ("/run/node.sock", None),
+        (None, None),
+    ],
+)
+def test_failed_logins_are_counted_per_ip_address_or_ipv6_network(
+    remote: object, counted_as: str | None
+) -> None:
+    from meshbus.transports._server import _peer_address
+
+    assert _peer_address(_Stream(remote)) == counted_as  # type: ignore[arg-type]
 
 
 async def test_unknown_vpn_is_refused_with_a_clear_message(node: Node, server: Server) -> None:
@@ -182,7 +308,7 @@ async def test_client_certificate_logs_in_as_its_common_name(
 async def test_certificate_without_a_configured_user_is_refused(
     node: Node, tls_server: Server, certificates: Certificates
 ) -> None:
-    with pytest.raises(AuthenticationError, match="unknown username"):
+    with pytest.raises(AuthenticationError, match=REFUSED):
         async with connect(tls_server.url, vpn="certs", tls=client_tls(certificates, "bob")):
             pass
     assert node.vpn("certs").login_failures == 1
@@ -194,7 +320,7 @@ async def test_certificate_for_another_user_is_refused(
 ) -> None:
     tls = client_tls(certificates, "alice")
     node.vpn("certs").add_user("bob")
-    with pytest.raises(AuthenticationError, match="client certificate is for 'alice'"):
+    with pytest.raises(AuthenticationError, match=REFUSED):
         async with connect(tls_server.url, vpn="certs", username="bob", tls=tls):
             pass
     assert node.vpn("certs").login_failures == 1
@@ -215,7 +341,7 @@ async def test_no_certificate_is_refused_by_a_client_certificate_vpn(
     node: Node, optional_tls_server: Server, certificates: Certificates
 ) -> None:
     server = optional_tls_server
-    with pytest.raises(AuthenticationError, match="requires a client certificate"):
+    with pytest.raises(AuthenticationError, match=REFUSED):
         async with connect(server.url, vpn="certs", username="alice", tls=client_tls(certificates)):
             pass
     assert server.statistics().refused == 1

@@ -703,6 +703,97 @@ async def test_acl_denied_topics_are_refused_before_anything_is_stored() -> None
         assert held(node, "q") == (1, 1)
 
 
+async def test_send_to_queue_is_judged_by_the_publish_acl_as_its_queue_topic(
+    data_dir: Path | None,
+) -> None:
+    # SPEC 4: a queue addressed by name is the reserved topic #P2P/QUE/<name> for the ACL.
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
+        svc = service(node)
+        svc.create_queue("alarms")
+        svc.create_queue("orders")
+        vpn = node.vpn()
+        vpn.add_acl_profile(
+            AclProfile(
+                "plant-only",
+                publish_default="deny",
+                publish_exceptions=["plant/>"],
+            )
+        )
+        vpn.add_user("sensor", acl_profile="plant-only")
+        s = node.connect(username="sensor")
+        with pytest.raises(AccessDeniedError) as info:
+            await s.send_to_queue("alarms", b"x")
+        assert (info.value.username, info.value.action) == ("sensor", "publish")
+        assert info.value.topic == "#P2P/QUE/alarms"
+        assert "#P2P/QUE/alarms" in str(info.value)
+        assert s.statistics().denied == 1
+        assert held(node, "alarms") == (0, 0)
+        # Denied before the queue is looked up: a denied user learns nothing of the
+        # queues there are.
+        with pytest.raises(AccessDeniedError):
+            await s.send_to_queue("no-such-queue", b"x")
+        assert s.statistics().denied == 2
+        assert node.vpn().statistics().denied == 2
+        await s.send("plant/boiler", b"topics the ACL allows are still taken")
+        with pytest.raises(AccessDeniedError):
+            await s.send("alarms/x", b"x")
+        assert held(node, "orders") == (0, 0)
+
+
+async def test_a_queue_topic_exception_allows_sending_to_that_queue() -> None:
+    async with Node(plugins=PLUGINS) as node:
+        svc = service(node)
+        svc.create_queue("alarms")
+        svc.create_queue("orders")
+        vpn = node.vpn()
+        vpn.add_acl_profile(
+            AclProfile("orders", publish_default="deny", publish_exceptions=["#P2P/QUE/orders"])
+        )
+        vpn.add_user("clerk", acl_profile="orders")
+        s = node.connect(username="clerk")
+        await s.send_to_queue("orders", b"allowed by its exception")
+        assert held(node, "orders") == (1, 24)
+        with pytest.raises(AccessDeniedError):
+            await s.send_to_queue("alarms", b"x")
+        with pytest.raises(AccessDeniedError):
+            s.publish("orders", b"a topic named like the queue is not the queue")
+
+
+async def test_queue_topic_exceptions_follow_the_default_and_the_variables() -> None:
+    async with Node(plugins=PLUGINS) as node:
+        svc = service(node)
+        for name in ("inbox-ann", "inbox-bob", "audit"):
+            svc.create_queue(name)
+        vpn = node.vpn()
+        vpn.add_acl_profile(
+            AclProfile(
+                "own-inbox",
+                publish_exceptions=["#P2P/QUE/inbox-*", "#P2P/QUE/audit"],
+                subscribe_default="allow",
+            )
+        )
+        vpn.add_acl_profile(
+            AclProfile(
+                "inbox-only",
+                publish_default="deny",
+                publish_exceptions=["#P2P/QUE/inbox-$client-username"],
+            )
+        )
+        vpn.add_user("mallory", acl_profile="own-inbox")
+        vpn.add_user("ann", acl_profile="inbox-only")
+        mallory = node.connect(username="mallory")
+        for queue in ("inbox-ann", "audit"):  # default allow: the exceptions are denied
+            with pytest.raises(AccessDeniedError):
+                await mallory.send_to_queue(queue, b"x")
+        mallory.publish("inbox-ann/x")  # an ordinary topic is not a queue topic
+        ann = node.connect(username="ann")
+        await ann.send_to_queue("inbox-ann", b"to myself")
+        with pytest.raises(AccessDeniedError):
+            await ann.send_to_queue("inbox-bob", b"x")
+        assert held(node, "inbox-ann") == (1, 9)
+        assert held(node, "inbox-bob") == (0, 0)
+
+
 async def test_send_without_the_guaranteed_plugin_raises_configuration_error() -> None:
     async with Node(plugins=["direct"]) as node:
         s = node.connect()
