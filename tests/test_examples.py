@@ -29,7 +29,7 @@ EXPECTED: dict[str, list[str]] = {
         "published=5 delivered=4 unmatched=1",
     ],
     "custom_plugin.py": [
-        "routers of VPN 'default': ('audit', 'direct')",
+        "routers of VPN 'default': ('audit', 'direct', 'links')",
         "audit: shop logged in to default as default",
         "warehouse received ['orders/0', 'orders/1', 'orders/2']",
         "audited so far: 4 messages on 4 topics",
