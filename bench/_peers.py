@@ -848,7 +848,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import anyio
 
-    from meshbus._eventloop import run as run_like_meshbus_run
+    from meshbus.app._eventloop import run as run_like_meshbus_run
 
     def client_run(func: Callable[..., Any], *args: Any) -> Any:
         # Every asyncio client (nats-py and meshbus alike) runs on the same loop:

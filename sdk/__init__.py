@@ -9,6 +9,7 @@ import logging
 
 from ._clock import ManualClock, SystemClock
 from ._egress import Egress
+from ._files import write_json_atomically
 from ._index import SubscriptionIndex
 from ._links import (
     Link,
@@ -32,10 +33,12 @@ from ._profiles import (
     hash_password,
     verify_password,
 )
+from ._sections import ConfigContext, ConfigReader, ConfigSection, ConfigSections
 from ._session import MessageHandler, Session
 from ._stash import Stash, StashKey
 from ._stats import NodeStatistics, SessionStatistics, VpnStatistics
 from ._topics import (
+    QUEUE_TOPIC_PREFIX,
     Subscription,
     TopicLimits,
     filter_covers,
@@ -71,12 +74,17 @@ logging.getLogger("meshbus").addHandler(logging.NullHandler())
 __all__ = [
     "DEFAULT_PLUGINS",
     "ENTRY_POINT_GROUP",
+    "QUEUE_TOPIC_PREFIX",
     "AccessDeniedError",
     "AclAction",
     "AclProfile",
     "AuthenticationError",
     "ClientProfile",
     "ClientUsername",
+    "ConfigContext",
+    "ConfigReader",
+    "ConfigSection",
+    "ConfigSections",
     "ConfigurationError",
     "DeliveryMode",
     "Egress",
@@ -130,4 +138,5 @@ __all__ = [
     "parse_subscription",
     "validate_topic",
     "verify_password",
+    "write_json_atomically",
 ]

@@ -1,5 +1,7 @@
+"""``python -m meshbus``: the ``meshbus`` command (the application layer, :mod:`meshbus.app`)."""
+
 import sys
 
-from ._cli import main
+from meshbus.app._cli import main
 
 sys.exit(main())

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 from . import hookspecs
+from ._sections import ConfigSections
 from .errors import ConfigurationError, PluginError
 
 if TYPE_CHECKING:
@@ -191,6 +192,11 @@ class PluginManager:
         return repr(plugin)
 
     # --- hook calls: one typed method per hookspec ---------------------------------
+
+    def config_sections(self) -> ConfigSections:
+        sections = ConfigSections()
+        self._pm.hook.meshbus_config_sections(sections=sections)
+        return sections
 
     def configure(self, node: Node) -> None:
         self._pm.hook.meshbus_configure(node=node)

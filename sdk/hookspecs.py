@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ._pipeline import Pipeline
     from ._plugins import PluginManager
     from ._profiles import ClientUsername
+    from ._sections import ConfigSections
     from ._session import Session
     from ._topics import Subscription
     from ._vpn import Vpn
@@ -62,6 +63,20 @@ def meshbus_add_hookspecs(plugins: PluginManager) -> None:
     is registered, so their order does not matter.
 
     :param plugins: the node's plugin manager.
+    """
+
+
+@hookspec
+def meshbus_config_sections(sections: ConfigSections) -> None:
+    """Declare the plugin's tables of the node configuration file.
+
+    Called when a configuration file is read (``meshbus run``), with only the plugins
+    the file names registered, before any node exists. Add one
+    :class:`~meshbus.ConfigSection` per table with ``sections.add(...)``: how to read
+    it, and how to apply it to the node being built or running. The file is refused
+    with every problem listed if any section reports one.
+
+    :param sections: the collector.
     """
 
 

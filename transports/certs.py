@@ -21,12 +21,10 @@ peer to a username with :func:`certificate_identity`.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import os
 import re
-import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -43,13 +41,13 @@ __all__ = [
     "CA_PRIVATE_KEY",
     "DEFAULT_DIRECTORY",
     "DEFAULT_HOSTS",
+    "CERTS_ACTIONS",
     "CertificatePaths",
-    "add_parser",
     "certificate_identity",
     "make_ca",
+    "make_certificates",
     "make_client_certificate",
     "make_server_certificate",
-    "run",
 ]
 
 CA_CERTIFICATE = "ca.pem"
@@ -551,136 +549,65 @@ def certificate_identity(
     return names[0] if len(names) == 1 else None
 
 
-# -- the ``meshbus certs`` command -----------------------------------------------------------
+# -- a whole directory at once (what ``meshbus certs`` does) -------------------------------
+
+CERTS_ACTIONS = ("all", "ca", "server", "client")
+"""What :func:`make_certificates` can make: everything, or one kind."""
 
 
-def add_parser(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> argparse.ArgumentParser:
-    """Add the ``certs`` command to the ``meshbus`` command's subparsers.
+def make_certificates(
+    directory: str | os.PathLike[str],
+    action: str = "all",
+    *,
+    name: str = "server",
+    hosts: Iterable[str] | None = None,
+    usernames: Iterable[str] = (),
+    days: int = 365,
+    overwrite: bool = False,
+) -> list[CertificatePaths]:
+    """Make what ``meshbus certs ACTION`` makes, checking every name, host and file first,
+    so a refusal leaves nothing half made.
 
-    The parsed arguments are for :func:`run`. Its actions::
-
-        meshbus certs all [--dir D] [--client USERNAME ...]   CA, server and clients at once
-        meshbus certs ca [--dir D]
-        meshbus certs server [--dir D] [--name N] [--host H ...]
-        meshbus certs client USERNAME ... [--dir D]
-
-    Each also takes ``--days`` and ``--overwrite``; ``--dir`` defaults to
-    ``./meshbus-certs``.
-
-    :param subparsers: what :meth:`argparse.ArgumentParser.add_subparsers` returned.
-    :returns: the parser of ``certs``.
+    :param action: ``"all"`` (a CA, a server certificate and the client certificates),
+        ``"ca"``, ``"server"`` or ``"client"`` (those need the CA in ``directory``).
+    :param name: the server certificate's file name stem.
+    :param hosts: the names and addresses the server certificate carries
+        (default: :data:`DEFAULT_HOSTS`).
+    :param usernames: one client certificate for each.
+    :raises ConfigurationError: an unknown action, a bad name or host, a file that
+        exists (without ``overwrite``), or no CA to sign with.
     """
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--dir",
-        type=Path,
-        default=Path(DEFAULT_DIRECTORY),
-        metavar="D",
-        help=f"directory of the CA and the certificates (default: ./{DEFAULT_DIRECTORY})",
-    )
-    common.add_argument(
-        "--days", type=int, default=365, help="how long certificates are valid (default: 365)"
-    )
-    common.add_argument(
-        "--overwrite", action="store_true", help="replace existing files instead of refusing"
-    )
-    server = argparse.ArgumentParser(add_help=False)
-    server.add_argument(
-        "--name", default="server", metavar="N", help="server file name stem (default: server)"
-    )
-    server.add_argument(
-        "--host",
-        dest="hosts",
-        action="extend",
-        nargs="+",
-        metavar="H",
-        help="a host name or IP address clients use (repeatable; default: "
-        + ", ".join(DEFAULT_HOSTS)
-        + ")",
-    )
-
-    parser = subparsers.add_parser(
-        "certs",
-        help="make development TLS certificates",
-        description="Make a development CA and certificates signed by it, for TLS "
-        "listeners and client-certificate logins. Start with `meshbus certs all`.",
-    )
-    actions = parser.add_subparsers(dest="certs_action", required=True, metavar="ACTION")
-    everything = actions.add_parser(
-        "all",
-        parents=[common, server],
-        help="make a CA, a server certificate and client certificates (start here)",
-    )
-    everything.add_argument(
-        "--client",
-        dest="usernames",
-        action="extend",
-        nargs="+",
-        default=[],
-        metavar="USERNAME",
-        help="also make a client certificate for this username (repeatable)",
-    )
-    actions.add_parser("ca", parents=[common], help="make a CA (ca.pem, ca-key.pem)")
-    actions.add_parser(
-        "server", parents=[common, server], help="make a server certificate signed by the CA"
-    )
-    client = actions.add_parser(
-        "client", parents=[common], help="make client certificates signed by the CA"
-    )
-    client.add_argument("usernames", nargs="+", metavar="USERNAME", help="the client username")
-    return parser
-
-
-def _run(args: argparse.Namespace) -> Iterator[CertificatePaths]:
-    directory: Path = args.dir
-    action: str = args.certs_action
-    hosts: list[str] = getattr(args, "hosts", None) or list(DEFAULT_HOSTS)
-    usernames: list[str] = getattr(args, "usernames", [])
-    # Check every option and file first, so a refusal leaves nothing half made.
-    _days(args.days)
+    if action not in CERTS_ACTIONS:
+        raise ConfigurationError(f"action must be one of {CERTS_ACTIONS}, not {action!r}")
+    folder = Path(directory)
+    host_list = list(hosts) if hosts is not None else list(DEFAULT_HOSTS)
+    names = list(usernames)
+    _days(days)
     targets: list[Path] = []
     if action in ("all", "ca"):
-        targets += [directory / CA_CERTIFICATE, directory / CA_PRIVATE_KEY]
+        targets += [folder / CA_CERTIFICATE, folder / CA_PRIVATE_KEY]
     stems: list[str] = []
     if action in ("all", "server"):
-        stems.append(_file_stem("server name", args.name))
-        _alternative_names(hosts)
+        stems.append(_file_stem("server name", name))
+        _alternative_names(host_list)
     if action in ("all", "client"):
-        stems += [_file_stem("username", username) for username in usernames]
-    targets += [directory / f"{stem}{suffix}" for stem in stems for suffix in (".pem", "-key.pem")]
+        stems += [_file_stem("username", username) for username in names]
+    targets += [folder / f"{stem}{suffix}" for stem in stems for suffix in (".pem", "-key.pem")]
     for index, target in enumerate(targets):
         if target in targets[:index]:
             raise ConfigurationError(f"two files would be written to {target}; rename one")
-    _check_free(targets, args.overwrite)
+    _check_free(targets, overwrite)
 
+    made: list[CertificatePaths] = []
     if action in ("all", "ca"):
-        yield make_ca(directory, days=args.days, overwrite=args.overwrite)
+        made.append(make_ca(folder, days=days, overwrite=overwrite))
     if action in ("all", "server"):
-        yield make_server_certificate(
-            directory, name=args.name, hosts=hosts, days=args.days, overwrite=args.overwrite
+        made.append(
+            make_server_certificate(
+                folder, name=name, hosts=host_list, days=days, overwrite=overwrite
+            )
         )
     if action in ("all", "client"):
-        for username in usernames:
-            yield make_client_certificate(
-                directory, username, days=args.days, overwrite=args.overwrite
-            )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Carry out a ``meshbus certs`` command parsed by a parser from :func:`add_parser`.
-
-    Prints ``wrote PATH`` for each file written, or an error to standard error.
-
-    :returns: the exit status: 0 on success, 2 when the certificates could not be made
-        (a file exists, no CA, an invalid name or host).
-    """
-    try:
-        for paths in _run(args):
-            print(f"wrote {paths.certificate}")
-            print(f"wrote {paths.private_key}")
-    except ConfigurationError as exc:
-        print(f"meshbus certs: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        for username in names:
+            made.append(make_client_certificate(folder, username, days=days, overwrite=overwrite))
+    return made

@@ -25,8 +25,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import pyarrow as pa
 
-from meshbus import hookimpl, parse_subscription
-from meshbus._files import write_json_atomically
+from meshbus import hookimpl, parse_subscription, write_json_atomically
 from meshbus.errors import ConfigurationError, MeshbusError, StateError
 
 from ._columns import arrow_schema

@@ -8,9 +8,19 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import anyio
 
-from meshbus import Node, Pipeline, PluginManager, Session, StashKey, Vpn, hookimpl
+from meshbus import (
+    ConfigSections,
+    Node,
+    Pipeline,
+    PluginManager,
+    Session,
+    StashKey,
+    Vpn,
+    hookimpl,
+)
 
 from . import _hookspecs
+from ._config import SECTIONS
 from ._memory import MemoryStore
 from ._service import GuaranteedService
 from ._sqlite import SqliteStore
@@ -24,6 +34,12 @@ SERVICE: StashKey[GuaranteedService] = StashKey()
 @hookimpl
 def meshbus_add_hookspecs(plugins: PluginManager) -> None:
     plugins.add_hookspecs(_hookspecs)
+
+
+@hookimpl
+def meshbus_config_sections(sections: ConfigSections) -> None:
+    for section in SECTIONS:
+        sections.add(section, plugin="guaranteed")
 
 
 @hookimpl

@@ -13,6 +13,7 @@ import orjson
 from anyio.abc import TaskStatus
 
 from meshbus import (
+    QUEUE_TOPIC_PREFIX,
     AccessDeniedError,
     ConfigurationError,
     DeliveryMode,
@@ -28,9 +29,8 @@ from meshbus import (
     SubscriptionIndex,
     Vpn,
     parse_endpoint_subscription,
+    write_json_atomically,
 )
-from meshbus._files import write_json_atomically
-from meshbus._topics import QUEUE_TOPIC_PREFIX
 from meshbus.abc import Flow, GuaranteedMessaging
 
 from ._queue import Queue, QueueFlow

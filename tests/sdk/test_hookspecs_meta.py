@@ -21,6 +21,8 @@ from meshbus import (
     AuthenticationError,
     ClientProfile,
     ClientUsername,
+    ConfigSection,
+    ConfigSections,
     Envelope,
     Link,
     LinkPipeline,
@@ -101,6 +103,11 @@ class Recorder:
     @hookimpl
     def meshbus_add_hookspecs(self, plugins: PluginManager) -> None:
         self._record("meshbus_add_hookspecs", plugins=plugins)
+
+    @hookimpl
+    def meshbus_config_sections(self, sections: ConfigSections) -> None:
+        self._record("meshbus_config_sections", sections=sections)
+        sections.add(ConfigSection("recorded", "node", lambda reader, raw, path, context: raw))
 
     # node lifecycle
     @hookimpl
@@ -250,6 +257,11 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
     assert calls[2][1] == {"vpn": default}
     assert calls[3][1]["vpn"] is default
     assert isinstance(calls[3][1]["pipeline"], Pipeline)
+
+    # Asked for when a configuration file is read (before any node runs).
+    sections = node.plugins.config_sections()
+    assert rec.take() == [("meshbus_config_sections", {"sections": sections})]
+    assert sections.names("node") == ("recorded",)
 
     async with node:
         calls = rec.take()

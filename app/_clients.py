@@ -12,11 +12,10 @@ from typing import IO, Any
 
 import orjson
 
-from meshbus._eventloop import run as run_on_loop
 from meshbus.errors import MeshbusError
+from meshbus.transports import DEFAULT_PORT, RemoteSession, TlsSettings, connect
 
-from ._client import RemoteSession, connect
-from ._settings import DEFAULT_PORT, TlsSettings
+from ._eventloop import run as run_on_loop
 
 __all__ = ["add_parsers", "run"]
 

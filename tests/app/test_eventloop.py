@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from meshbus._eventloop import LOOPS, run, uvloop_available
+from meshbus.app._eventloop import LOOPS, run, uvloop_available
 
 
 async def _which() -> str:
@@ -32,7 +32,7 @@ def test_uvloop_by_name() -> None:
 
 
 def test_the_choices_are_what_meshbus_run_offers() -> None:
-    from meshbus._cli import main
+    from meshbus.app._cli import main
 
     with pytest.raises(SystemExit):
         main(["run", "--loop", "tokio"])

@@ -30,11 +30,12 @@ from typing import Any
 import anyio
 import attrs
 
-from ._config import NodeConfig, _transport_settings, default_config, load_config
+from meshbus import ConfigurationError, MeshbusError, Node
+from meshbus.transports import ListenerSettings, start_server
+
+from ._config import NodeConfig, default_config, load_config
 from ._eventloop import LOOPS
 from ._eventloop import run as run_on_loop
-from ._node import Node
-from .errors import ConfigurationError, MeshbusError
 
 __all__ = ["add_parser", "main", "parse_address", "run"]
 
@@ -137,8 +138,7 @@ def main(config_path: str | None, listen: Sequence[str] = (), loop: str = "auto"
     try:
         config = default_config(Path.cwd()) if config_path is None else load_config(config_path)
         if addresses:
-            settings = _transport_settings().ListenerSettings
-            listeners = tuple(settings(host=host, port=port) for host, port in addresses)
+            listeners = tuple(ListenerSettings(host=host, port=port) for host, port in addresses)
             config = attrs.evolve(config, listeners=listeners)
         node = config.build_node()
     except ConfigurationError as exc:
@@ -164,9 +164,6 @@ def _print_problems(exc: ConfigurationError, source: str | None) -> None:
 
 
 async def _serve(config: NodeConfig, node: Node) -> int:
-    # Imported here: the transports are optional for an embedded node.
-    from meshbus.transports import start_server  # type: ignore[import-not-found,unused-ignore]
-
     # Opened first, so a signal that comes while the node starts is not lost.
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with node:

@@ -20,7 +20,7 @@ from meshbus import (
     ConfigurationError,
     StateError,
 )
-from meshbus._config import NodeConfig, VpnConfig, default_config, load_config, parse_config
+from meshbus.app._config import NodeConfig, VpnConfig, default_config, load_config, parse_config
 from meshbus.plugins.guaranteed import AccessType, QueueSettings
 from meshbus.transports._settings import ListenerSettings
 from meshbus.transports.certs import make_ca, make_server_certificate
@@ -385,7 +385,7 @@ def test_environment_placeholders_in_any_string(tmp_path: Path) -> None:
     (vpn,) = config.vpns
     # $${ is a literal ${; what a variable holds is not expanded again
     assert vpn.users[0].password == "pa${ENV:SS}s3cret"
-    assert vpn.queues[0].subscriptions == ("sites/berlin/>",)
+    assert vpn.section("queues")[0].subscriptions == ("sites/berlin/>",)
 
 
 def test_malformed_placeholders_are_reported() -> None:
@@ -554,7 +554,7 @@ def test_the_example_describes_its_node(certs: Path) -> None:
     assert operator.password_hash is not None
     assert "operator-secret" not in repr(config)
     assert not plant.users["retired"].enabled
-    (alarms, dead) = config.vpn("plant").queues
+    (alarms, dead) = config.vpn("plant").section("queues")
     assert alarms == QueueSettings(
         "alarms",
         subscriptions=("plant/alarms/>",),
@@ -575,7 +575,10 @@ async def test_the_example_provisions_and_serves_logins(tmp_path: Path, certs: P
         await config.provision(node)
         await config.provision(node)  # the same queues again: nothing changes
         service: Any = node.guaranteed  # the built-in GuaranteedService
-        assert service.queue("alarms", vpn="plant").settings == config.vpn("plant").queues[0]
+        assert (
+            service.queue("alarms", vpn="plant").settings
+            == config.vpn("plant").section("queues")[0]
+        )
         historian = service.topic_endpoint("historian", vpn="plant")
         assert historian.settings.max_messages == 1000000
         assert not historian.settings.reject_msg_to_sender_on_discard

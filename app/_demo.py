@@ -11,9 +11,14 @@ from collections import Counter
 
 import anyio
 
-from ._node import DEFAULT_PLUGINS, Node
-from ._profiles import AclProfile, ClientProfile
-from .errors import AccessDeniedError, AuthenticationError
+from meshbus import (
+    DEFAULT_PLUGINS,
+    AccessDeniedError,
+    AclProfile,
+    AuthenticationError,
+    ClientProfile,
+    Node,
+)
 
 
 def _say(title: str) -> None:

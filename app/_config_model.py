@@ -9,10 +9,17 @@ from typing import Any
 
 import attrs
 
+from meshbus import (
+    AclProfile,
+    ClientProfile,
+    ConfigSection,
+    ConfigurationError,
+    Node,
+    StateError,
+)
+from meshbus._profiles import check_identity
+
 from ._config_values import _failure, _join
-from ._node import Node
-from ._profiles import AclProfile, ClientProfile, check_identity
-from .errors import ConfigurationError, StateError
 
 
 def _username(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -58,10 +65,12 @@ class VpnConfig:
     """ACL profiles to add (besides the built-in ``"default"``)."""
     users: tuple[UserConfig, ...] = ()
     """Client usernames to add."""
-    queues: tuple[Any, ...] = ()
-    """``QueueSettings`` of the queues to provision."""
-    topic_endpoints: tuple[Any, ...] = ()
-    """``QueueSettings`` of the topic endpoints to provision."""
+    sections: tuple[tuple[ConfigSection, Any], ...] = ()
+    """The plugins' tables of this VPN (queues, bridges, ...) and what they read there."""
+
+    def section(self, name: str) -> Any:
+        """What the plugin table ``name`` of this VPN holds, or ``None``."""
+        return _section(self.sections, name)
 
 
 @attrs.frozen
@@ -91,6 +100,12 @@ class NodeConfig:
     """``meshbus.transports.ListenerSettings`` of each listener."""
     vpns: tuple[VpnConfig, ...] = ()
     """The node's VPNs: it has no others."""
+    sections: tuple[tuple[ConfigSection, Any], ...] = ()
+    """The plugins' node-wide tables and what they read there."""
+
+    def section(self, name: str) -> Any:
+        """What the node-wide plugin table ``name`` holds, or ``None``."""
+        return _section(self.sections, name)
 
     def vpn(self, name: str) -> VpnConfig:
         """The configuration of the VPN called ``name``."""
@@ -141,46 +156,69 @@ class NodeConfig:
                     )
                 except ConfigurationError as exc:
                     problems.append(f"{where}.{_join('users', user.name)}: {exc}")
+            problems += self._apply(config.sections, vpn, _join("vpns", config.name))
+        problems += self._apply(self.sections, node, "")
         if problems:
             raise _failure(self.source, problems)
         return node
 
+    def _apply(
+        self, sections: tuple[tuple[ConfigSection, Any], ...], target: Any, path: str
+    ) -> list[str]:
+        """Each section's ``configure``: what went wrong, as problems."""
+        problems: list[str] = []
+        for section, value in sections:
+            if section.configure is None:
+                continue
+            try:
+                section.configure(target, value)
+            except ConfigurationError as exc:
+                problems += _placed(exc, self.source, _join(path, section.name))
+        return problems
+
     async def provision(self, node: Node) -> None:
-        """Create the queues and topic endpoints in a node made by :meth:`build_node`.
+        """Apply what needs a running node (queues, topic endpoints, the plugins' tables)
+        to a node made by :meth:`build_node`.
 
         Call it inside ``async with node:``, before clients connect: the guaranteed
-        service takes queues only once its store is open. Queues that exist with the
-        same settings are left as they are, so calling it twice is harmless.
+        service takes queues only once its store is open. Calling it twice is
+        harmless (queues that exist with the same settings are left as they are).
 
-        :raises ConfigurationError: listing every queue or endpoint refused.
+        :raises ConfigurationError: listing every problem.
         :raises StateError: the node is not running.
         """
-        if not any(vpn.queues or vpn.topic_endpoints for vpn in self.vpns):
+        steps = [
+            (section, value, node.vpn(config.name), _join("vpns", config.name))
+            for config in self.vpns
+            for section, value in config.sections
+            if section.provision is not None
+        ]
+        steps += [
+            (section, value, node, "") for section, value in self.sections if section.provision
+        ]
+        if not steps:
             return
         if not node.running:
             raise StateError("provision() needs a running node: call it in 'async with node:'")
         problems: list[str] = []
-        service: Any = node.guaranteed
-        for config in self.vpns:
-            where = f"{self.source}: {_join('vpns', config.name)}"
-            for queue in config.queues:
-                settings = attrs.asdict(queue, recurse=False)
-                del settings["name"]
-                try:
-                    service.create_queue(queue.name, vpn=config.name, **settings)
-                except (ConfigurationError, StateError) as exc:
-                    problems.append(f"{where}.{_join('queues', queue.name)}: {exc}")
-            for endpoint in config.topic_endpoints:
-                settings = attrs.asdict(endpoint, recurse=False)
-                del settings["name"], settings["subscriptions"]
-                path = f"{where}.{_join('topic_endpoints', endpoint.name)}"
-                create = getattr(service, "create_topic_endpoint", None)
-                if create is None:
-                    problems.append(f"{path}: the guaranteed service has no topic endpoints")
-                    continue
-                try:
-                    create(endpoint.name, vpn=config.name, **settings)
-                except (ConfigurationError, StateError) as exc:
-                    problems.append(f"{path}: {exc}")
+        for section, value, target, path in steps:
+            assert section.provision is not None
+            try:
+                await section.provision(target, value)
+            except ConfigurationError as exc:
+                problems += _placed(exc, self.source, _join(path, section.name))
         if problems:
             raise _failure(self.source, problems)
+
+
+def _section(sections: tuple[tuple[ConfigSection, Any], ...], name: str) -> Any:
+    for section, value in sections:
+        if section.name == name:
+            return value
+    return None
+
+
+def _placed(exc: ConfigurationError, source: str, path: str) -> list[str]:
+    """A section's problems (``"orders: why"``) placed in the file
+    (``"FILE: vpns.x.queues.orders: why"``)."""
+    return [f"{source}: {path}.{problem}" for problem in exc.problems]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from meshbus._cli import main
+from meshbus.app._cli import main
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from .test_e2e import LISTENING, Process, Setup, Start
+from tests.test_e2e import LISTENING, Process, Setup, Start
 
 KILLS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
 #: Not UTF-8 (the issue's example, and a Latin-1 word), UTF-8, and empty.

@@ -24,7 +24,7 @@ import anyio.to_thread
 import pytest
 
 from meshbus import AuthenticationError
-from meshbus._run import add_parser, main, parse_address, run
+from meshbus.app._run import add_parser, main, parse_address, run
 from meshbus.transports import connect
 from meshbus.transports.certs import make_ca, make_server_certificate
 

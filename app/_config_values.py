@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigurationError
+from meshbus import ConfigurationError
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
 _PLACEHOLDER = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
@@ -121,6 +121,14 @@ class _ValueChecker:
 
     def report(self, path: str, why: str) -> None:
         self.problems.append(f"{self.source}: {path}: {why}" if path else f"{self.source}: {why}")
+
+    def join(self, path: str, key: str) -> str:
+        """``path.key``, with ``key`` quoted when TOML would need it."""
+        return _join(path, key)
+
+    def suggest(self, word: str, choices: Collection[str]) -> str:
+        """`` (did you mean 'x'?)`` for a close choice, else nothing."""
+        return _suggest(word, choices)
 
     # --- environment placeholders ------------------------------------------------------
 

@@ -1,56 +1,78 @@
-"""The section readers of node configuration files (see :mod:`meshbus._config`).
+"""The section readers of node configuration files (see :mod:`meshbus.app._config`).
 
 :class:`_Checker` walks a parsed document once, section by section (``[node]``,
-``[[listeners]]`` with their ``tls`` table, ``[vpns.NAME]`` with its profiles, users,
-queues and topic endpoints), checks what spans keys and sections (plugin names,
-clashing listeners, profile and dead message queue references) and returns the
-:class:`~meshbus._config_model.NodeConfig`, or ``None`` with every problem collected.
-Value conversion and ``${ENV:NAME}`` expansion come from :mod:`meshbus._config_values`.
+``[[listeners]]`` with their ``tls`` table, ``[vpns.NAME]`` with its profiles and
+users, and the tables plugins declare: the ``guaranteed`` plugin's queues and topic
+endpoints, say), checks what spans keys and sections (plugin names, clashing
+listeners, profile references) and returns the :class:`~meshbus.app._config_model.NodeConfig`,
+or ``None`` with every problem collected. Value conversion and ``${ENV:NAME}``
+expansion come from :mod:`meshbus.app._config_values`.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from meshbus import (
+    DEFAULT_PLUGINS,
+    AclProfile,
+    ClientProfile,
+    ConfigContext,
+    ConfigSection,
+    ConfigSections,
+    ConfigurationError,
+    PluginManager,
+    available_plugins,
+)
+from meshbus._plugins import compose
+from meshbus._profiles import check_identity
+from meshbus._vpn import AUTHENTICATION_SCHEMES
+from meshbus.transports import DEFAULT_TLS_PORT, ListenerSettings, TlsSettings
+
 from ._config_model import NodeConfig, UserConfig, VpnConfig
 from ._config_values import _BAD, _choice, _describe, _join, _suggest, _ValueChecker
-from ._node import DEFAULT_PLUGINS
-from ._plugins import available_plugins
-from ._profiles import AclProfile, ClientProfile, check_identity
-from ._vpn import AUTHENTICATION_SCHEMES
-from .errors import ConfigurationError
 
 DEFAULT_DATA_DIR = "meshbus-data"
 """Folder name of the data directory when ``node.data_dir`` is not given."""
 
 _NODE_KEYS = ("name", "data_dir", "plugins", "block")
-_VPN_KEYS = (
-    "authentication",
-    "client_profiles",
-    "acl_profiles",
-    "users",
-    "queues",
-    "topic_endpoints",
-)
+_VPN_KEYS = ("authentication", "client_profiles", "acl_profiles", "users")
 _TLS_CLIENT_ONLY = frozenset({"server_hostname", "check_hostname"})
 _TLS_FILES = ("ca", "certificate", "private_key")
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 
 
-# The settings of listeners and queues live in meshbus.transports and in the guaranteed
-# plugin; they are imported by name when needed, so the core keeps no import-time
-# dependency on them (mypy checks sdk/ on its own: these classes are Any to it).
+def plugin_sections(names: tuple[str, ...]) -> ConfigSections:
+    """The configuration tables the plugins called ``names`` declare (installed plugins,
+    by entry-point name)."""
+    plugins = PluginManager()
+    compose(plugins, names, autoload=False, blocked=())
+    return plugins.config_sections()
 
 
-def _transport_settings() -> Any:
-    return importlib.import_module("meshbus.transports._settings")
+def _names(node: object, key: str) -> tuple[str, ...] | None:
+    """``node[key]`` if it is a list of names, else ``None`` (reported elsewhere)."""
+    value = node.get(key) if isinstance(node, dict) else None
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    return None
 
 
-def _queue_settings_class() -> Any:
-    return importlib.import_module("meshbus.plugins.guaranteed._settings").QueueSettings
+@functools.cache
+def _section_owners() -> dict[tuple[str, str], str]:
+    """Which installed plugin declares each table, for a file naming one that is not loaded."""
+    owners: dict[tuple[str, str], str] = {}
+    for name in sorted(available_plugins()):
+        try:
+            sections = plugin_sections((name,))
+        except ConfigurationError:
+            continue  # a plugin that cannot load on its own: its tables stay unknown
+        for section in sections:
+            owners.setdefault((section.scope, section.name), name)
+    return owners
 
 
 class _Checker(_ValueChecker):
@@ -59,28 +81,30 @@ class _Checker(_ValueChecker):
     def __init__(self, source: str, environ: Mapping[str, str], base_dir: Path) -> None:
         super().__init__(source, environ, base_dir)
         # What the VPN sections are checked against (set from the other sections).
-        self.has_guaranteed = True
         self.verifies_clients = False
+        self.loaded: tuple[str, ...] = ()
+        self.sections = ConfigSections()
 
     def node_config(self, data: object) -> NodeConfig | None:
         document = self.table(self.expand(data, ""), "")
         if document is None:
             return None
-        self.keys(document, "", ("node", "listeners", "vpns"))
-        node = self.table(document.get("node", {}), "node") or {}
+        raw_node = document.get("node", {})
+        self.loaded = self.loaded_plugins(_names(raw_node, "plugins"), _names(raw_node, "block"))
+        self.section_keys(document, "", "node", ("node", "listeners", "vpns"))
+        node = self.table(raw_node, "node") or {}
         self.keys(node, "node", _NODE_KEYS)
         name = self.node_name(node)
         data_dir = self.data_dir(node)
         plugins, block = self.plugins(node)
         listeners = self.listeners(document.get("listeners"))
-        loaded = [p for p in (DEFAULT_PLUGINS if plugins is None else plugins) if p not in block]
-        self.has_guaranteed = "guaranteed" in loaded
         raw = document.get("listeners")
         self.verifies_clients = isinstance(raw, list) and any(
             isinstance(item, dict) and isinstance(item.get("tls"), dict) and "ca" in item["tls"]
             for item in raw
         )
         vpns = self.vpns(document.get("vpns"))
+        sections = self.read_sections(document, "", "node", None)
         if self.problems or name is None or data_dir is None:
             return None
         return NodeConfig(
@@ -91,7 +115,70 @@ class _Checker(_ValueChecker):
             block=block,
             listeners=listeners,
             vpns=vpns,
+            sections=sections,
         )
+
+    # --- plugins' tables ---------------------------------------------------------------
+
+    def loaded_plugins(
+        self, plugins: tuple[str, ...] | None, block: tuple[str, ...] | None
+    ) -> tuple[str, ...]:
+        """The plugins the node will load, as far as the file names them correctly (what
+        is wrong with the lists is reported with ``[node]``), and the tables they
+        declare (in :attr:`sections`)."""
+        known = set(available_plugins())
+        wanted = DEFAULT_PLUGINS if plugins is None else plugins
+        block = block or ()
+        loaded = tuple(
+            dict.fromkeys(p for p in wanted if p not in block and p in known)  # reported
+        )
+        try:
+            self.sections = plugin_sections(loaded)
+        except ConfigurationError as exc:
+            self.report("node.plugins", str(exc))
+        return loaded
+
+    def section_keys(
+        self, table: Mapping[str, Any], path: str, scope: str, own: tuple[str, ...]
+    ) -> None:
+        """Report keys of ``table`` that neither the core nor a loaded plugin reads; say
+        which plugin reads a key when it is one that is not loaded."""
+        allowed = (*own, *self.sections.names(scope))
+        unread = {key: value for key, value in table.items() if key not in allowed}
+        owners = _section_owners() if unread else {}
+        for key in list(unread):
+            owner = owners.get((scope, key))
+            if owner is not None:
+                del unread[key]
+                self.report(
+                    _join(path, key),
+                    f"{key.replace('_', ' ')} need the {owner!r} plugin, which is not "
+                    "loaded (see node.plugins and node.block)",
+                )
+        self.keys(unread, path, allowed)
+
+    def read_sections(
+        self, table: Mapping[str, Any], path: str, scope: str, vpn: str | None
+    ) -> tuple[tuple[ConfigSection, Any], ...]:
+        """Each plugin table present in ``table``, read by its plugin."""
+        context = ConfigContext(parent=table, vpn=vpn, plugins=self.loaded)
+        read: list[tuple[ConfigSection, Any]] = []
+        for section in self.sections:
+            if section.scope != scope or section.name not in table:
+                continue
+            where = _join(path, section.name)
+            before = len(self.problems)
+            try:
+                value = section.read(self, table[section.name], where, context)
+            except ConfigurationError as exc:  # a reader that raises rather than reports
+                for problem in exc.problems:
+                    self.report(where, problem)
+                continue
+            if value is None and len(self.problems) == before:
+                self.report(where, "the plugin that reads it refused it without saying why")
+            elif value is not None:
+                read.append((section, value))
+        return tuple(read)
 
     def node_name(self, node: Mapping[str, Any]) -> str | None:
         name = self.value(node.get("name", "meshbus"), str, "node.name")
@@ -137,9 +224,8 @@ class _Checker(_ValueChecker):
         return lists.get("plugins"), lists.get("block", ())
 
     def listeners(self, raw: object) -> tuple[Any, ...]:
-        module = _transport_settings()
         if raw is None:
-            return (module.ListenerSettings(),)
+            return (ListenerSettings(),)
         if raw is _BAD:
             return ()
         if not isinstance(raw, list):
@@ -157,9 +243,9 @@ class _Checker(_ValueChecker):
             defaults: dict[str, Any] = {}
             if "tls" in table:
                 extra["tls"] = self.tls(table["tls"], f"{path}.tls")
-                defaults["port"] = module.DEFAULT_TLS_PORT
+                defaults["port"] = DEFAULT_TLS_PORT
             settings = self.attrs_value(
-                module.ListenerSettings, table, path, extra=extra, defaults=defaults
+                ListenerSettings, table, path, extra=extra, defaults=defaults
             )
             if settings is not None:
                 self.listener_clashes(i, settings, built)
@@ -198,9 +284,7 @@ class _Checker(_ValueChecker):
         for key in missing:
             why = " (require_client_certificate = true)" if key == "ca" else ""
             self.report(path, f"missing required key {key!r}{why}")
-        settings = self.attrs_value(
-            _transport_settings().TlsSettings, table, path, exclude=_TLS_CLIENT_ONLY
-        )
+        settings = self.attrs_value(TlsSettings, table, path, exclude=_TLS_CLIENT_ONLY)
         if settings is None:
             return None
         usable = not missing
@@ -229,7 +313,7 @@ class _Checker(_ValueChecker):
     def vpn(self, name: str, table: dict[str, Any], path: str) -> VpnConfig | None:
         if not name or "/" in name:
             self.report(path, "a VPN name must be non-empty and without '/'")
-        self.keys(table, path, _VPN_KEYS)
+        self.section_keys(table, path, "vpn", _VPN_KEYS)
         authentication = table.get("authentication", "none")
         if authentication is not _BAD and authentication not in AUTHENTICATION_SCHEMES:
             self.report(f"{path}.authentication", _choice(authentication, AUTHENTICATION_SCHEMES))
@@ -254,7 +338,7 @@ class _Checker(_ValueChecker):
             f"{path}.users",
             lambda n, t, p: self.user(n, t, p, name, table, authentication),
         )
-        queues, endpoints = self.endpoints(table, path, name)
+        sections = self.read_sections(table, path, "vpn", name)
         if self.problems:
             return None
         return VpnConfig(
@@ -263,8 +347,7 @@ class _Checker(_ValueChecker):
             client_profiles=client_profiles,
             acl_profiles=acl_profiles,
             users=users,
-            queues=queues,
-            topic_endpoints=endpoints,
+            sections=sections,
         )
 
     def user(
@@ -295,55 +378,3 @@ class _Checker(_ValueChecker):
                 f"missing required key 'password' (VPN {vpn_name!r} uses basic authentication)",
             )
         return self.attrs_value(UserConfig, table, path, name=name)  # type: ignore[no-any-return]
-
-    def endpoints(
-        self, vpn: Mapping[str, Any], path: str, vpn_name: str
-    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        present = [key for key in ("queues", "topic_endpoints") if key in vpn]
-        if not present:
-            return (), ()
-        for key in present:
-            if not self.has_guaranteed:
-                self.report(
-                    f"{path}.{key}",
-                    f"{key.replace('_', ' ')} need the 'guaranteed' plugin, which is not "
-                    "loaded (see node.plugins and node.block)",
-                )
-        settings = _queue_settings_class()
-        raw_queues = vpn.get("queues")
-        queue_names = set(raw_queues) if isinstance(raw_queues, dict) else set()
-
-        def check_dmq(table: Mapping[str, Any], where: str) -> None:
-            dmq = table.get("dead_message_queue")
-            if isinstance(dmq, str) and dmq not in queue_names:
-                self.report(
-                    _join(where, "dead_message_queue"),
-                    f"no queue named {dmq!r} in VPN {vpn_name!r}{_suggest(dmq, queue_names)}",
-                )
-
-        def queue(name: str, table: dict[str, Any], where: str) -> Any:
-            check_dmq(table, where)
-            return self.attrs_value(settings, table, where, name=name)
-
-        def endpoint(name: str, table: dict[str, Any], where: str) -> Any:
-            check_dmq(table, where)
-            if "subscriptions" in table:
-                self.report(
-                    _join(where, "subscriptions"),
-                    "a topic endpoint takes no subscriptions: its consumer gives one at bind",
-                )
-                return None
-            return self.attrs_value(
-                settings,
-                table,
-                where,
-                name=name,
-                exclude=("subscriptions",),
-                # As GuaranteedService.create_topic_endpoint defaults it, as brokers do.
-                defaults={"reject_msg_to_sender_on_discard": False},
-            )
-
-        return (
-            self.named_tables(vpn.get("queues"), f"{path}.queues", queue),
-            self.named_tables(vpn.get("topic_endpoints"), f"{path}.topic_endpoints", endpoint),
-        )

@@ -30,9 +30,12 @@ every key not marked required)::
     [vpns.NAME.users.USERNAME]            # password, client_profile, acl_profile,
                                           # subscription_manager, management, enabled
                                           # (Vpn.add_user)
-    [vpns.NAME.queues.QUEUE]              # keys: the fields of QueueSettings (subscriptions,
-                                          # access_type, max_messages, ...)
+    [vpns.NAME.queues.QUEUE]              # the guaranteed plugin's tables: the fields of
+                                          # QueueSettings (subscriptions, access_type, ...)
     [vpns.NAME.topic_endpoints.ENDPOINT]  # the same but subscriptions (given at bind)
+
+    [TABLE] and [vpns.NAME.TABLE]         # any table a loaded plugin declares
+                                          # (meshbus_config_sections)
 
 Rules:
 
@@ -47,16 +50,17 @@ Rules:
   ``"default"`` VPN, open to anyone, is kept only when listed. Each VPN still has
   its built-in ``"default"`` profiles and username; a table of that name replaces them.
 * A user of a VPN with basic authentication needs a ``password`` (unless it is
-  disabled); queues and topic endpoints need the ``guaranteed`` plugin.
+  disabled). A plugin's table needs the plugin loaded (``queues`` and
+  ``topic_endpoints`` are the ``guaranteed`` plugin's); the plugin checks it.
 
 The whole file is checked before anything is built, and every problem is reported
 at once: :func:`load_config` raises one :class:`~meshbus.ConfigurationError`
 whose ``problems`` hold one line each, ``"FILE: key.path: why"``.
 
 This module holds the entry points (:func:`load_config`, :func:`parse_config`,
-:func:`default_config`); the parsed configuration is in :mod:`meshbus._config_model`,
-the section readers in :mod:`meshbus._config_schema` and the value checks and
-``${ENV:NAME}`` expansion they share in :mod:`meshbus._config_values`.
+:func:`default_config`); the parsed configuration is in :mod:`meshbus.app._config_model`,
+the section readers in :mod:`meshbus.app._config_schema` and the value checks and
+``${ENV:NAME}`` expansion they share in :mod:`meshbus.app._config_values`.
 """
 
 from __future__ import annotations
@@ -71,7 +75,6 @@ from typing import Any
 
 from ._config_model import NodeConfig, UserConfig, VpnConfig
 from ._config_schema import DEFAULT_DATA_DIR, _Checker
-from ._config_schema import _transport_settings as _transport_settings
 from ._config_values import _failure
 
 __all__ = [

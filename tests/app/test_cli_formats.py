@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from meshbus import DeliveryMode, Message
-from meshbus._cli import main
-from meshbus.transports._cli import FORMATS, _payloads
+from meshbus.app._cli import main
+from meshbus.app._clients import FORMATS, _payloads
 
 NOT_UTF8 = b"\x00\xff\xfe"  # the example
 LATIN1 = "café".encode("latin-1")

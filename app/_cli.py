@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__
-from ._plugins import available_plugins
+from meshbus import __version__, available_plugins
 
 
 def main(argv: list[str] | None = None) -> int:
     # Imported here: ``meshbus --version`` should not pay for the transports.
-    from meshbus.transports import _cli as clients
-    from meshbus.transports import certs
-
+    from . import _certs as certs
+    from . import _clients as clients
     from . import _run
 
     parser = argparse.ArgumentParser(prog="meshbus", description="An embeddable message bus.")
