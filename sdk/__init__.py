@@ -10,7 +10,14 @@ import logging
 from ._clock import ManualClock, SystemClock
 from ._egress import Egress
 from ._index import SubscriptionIndex
-from ._messages import DeliveryMode, Envelope, Message, MessageOptions
+from ._messages import (
+    HEADER_LIMITS,
+    DeliveryMode,
+    Envelope,
+    HeaderLimits,
+    Message,
+    MessageOptions,
+)
 from ._node import DEFAULT_PLUGINS, Node
 from ._pipeline import Pipeline, Router
 from ._plugins import ENTRY_POINT_GROUP, PluginManager, available_plugins
@@ -61,6 +68,7 @@ logging.getLogger("meshbus").addHandler(logging.NullHandler())
 __all__ = [
     "DEFAULT_PLUGINS",
     "ENTRY_POINT_GROUP",
+    "HEADER_LIMITS",
     "AccessDeniedError",
     "AclAction",
     "AclProfile",
@@ -71,6 +79,7 @@ __all__ = [
     "DeliveryMode",
     "Egress",
     "Envelope",
+    "HeaderLimits",
     "InvalidTopicError",
     "LimitExceededError",
     "ManualClock",

@@ -10,6 +10,14 @@ flag) are made with :meth:`Message.evolve` on the rare paths that need them.
 
 Per-hop mutable state (hop count, the link a message came in on) lives in the
 internal :class:`Envelope`, never in the message.
+
+What a message may carry besides its topic and payload is bounded by one
+:class:`HeaderLimits` value, :data:`HEADER_LIMITS`, applied wherever messages come in
+(sessions in the process, a node's connections, a remote client before it sends), so
+that whatever one side accepts every other side can carry (SPEC 10). Checking the
+headers also estimates the memory they take once parsed; that estimate travels in
+:attr:`MessageOptions.size` and makes :attr:`Message.size` the whole size that egress
+buffers and spool limits count.
 """
 
 from __future__ import annotations
@@ -19,8 +27,19 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import orjson
 
-__all__ = ["DeliveryMode", "Envelope", "Message", "MessageOptions", "make_message"]
+from .errors import ConfigurationError, PublishRejectedError
+
+__all__ = [
+    "HEADER_LIMITS",
+    "DeliveryMode",
+    "Envelope",
+    "HeaderLimits",
+    "Message",
+    "MessageOptions",
+    "make_message",
+]
 
 
 class DeliveryMode(enum.Enum):
@@ -63,10 +82,187 @@ class MessageOptions:
     """The spool's id of a guaranteed message received from a queue (what acks name)."""
     destination: str | None = None
     """The queue a guaranteed message was received from."""
+    size: int = attrs.field(default=0, eq=False, repr=False)
+    """Bytes of memory the headers, reply-to and correlation id take, as estimated when
+    the message came in (0 without them); part of :attr:`Message.size`. Derived from
+    the other settings, so it takes no part in comparisons."""
 
 
 DEFAULT_OPTIONS = MessageOptions()
 ELIGIBLE_OPTIONS = MessageOptions(eliding_eligible=True)
+
+
+# --- header limits ------------------------------------------------------------------
+
+
+def _bytes_limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"HeaderLimits.{attribute.name} must be an int >= 1, got {value!r}"
+        )
+
+
+def _depth_limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    # orjson writes at most 254 levels, and a frame wraps headers in up to three more.
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 250:
+        raise ConfigurationError(
+            f"HeaderLimits.{attribute.name} must be an int from 1 to 250, got {value!r}"
+        )
+
+
+@attrs.frozen
+class HeaderLimits:
+    """What one message may carry besides its topic and payload (SPEC 10).
+
+    A message whose headers, reply-to and correlation id break these limits is
+    refused with :class:`~meshbus.PublishRejectedError` where it comes in, so
+    what a node accepts it can always write to a subscriber, and what a client
+    sends the node accepts. The transports derive their frame limits from
+    :data:`HEADER_LIMITS`, with room for what they wrap around a message.
+    """
+
+    max_bytes: int = attrs.field(default=64 * 1024, validator=_bytes_limit)
+    """Most bytes the headers, reply-to and correlation id of one message take
+    together, written as JSON."""
+    max_depth: int = attrs.field(default=32, validator=_depth_limit)
+    """Deepest nesting of objects and arrays in the headers; the headers object
+    itself is level 1, so ``{"a": [1]}`` is 2 deep."""
+
+    def check(
+        self,
+        headers: Mapping[str, Any] | None,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> int:
+        """Refuse settings over the limits; return the memory they take, in bytes.
+
+        The result is an estimate of what the parsed headers and the two strings
+        hold in memory (an upper bound for values read from JSON), the
+        :attr:`MessageOptions.size` of a message carrying them. Values JSON cannot
+        hold, which an in-process publisher may use, are measured by their length
+        (bytes) or their text (anything else).
+
+        :raises PublishRejectedError: ``"headers-too-large"`` or ``"headers-too-deep"``,
+            with the limit and the size found (bytes, or levels).
+        :raises TypeError: a reply-to or correlation id that is not a string, or
+            headers that cannot be measured (integers beyond 64 bits).
+        """
+        return measure(headers, reply_to, correlation_id, self)[1]
+
+
+HEADER_LIMITS = HeaderLimits()
+"""The limits every meshbus node and client applies to message headers."""
+
+# Bytes of memory per JSON token, at least: a parsed value never takes more than
+# the JSON length plus these (measured with CPython 3.11 and orjson over every kind of
+# value, the worst being small objects, empty containers and non-ASCII strings).
+_CONTAINER_COST = 200  # per '{' or '[': a dict with its first table, a list, a pointer
+_ITEM_COST = 32  # per ',' or ':': a number object and the pointer or table slot to it
+_QUOTE_COST = 40  # per '"': half a string object's header (UCS-4 strings are the largest)
+_STRING_COST = 80  # a str object's header, and 4 bytes per character on top
+_CONTAINERS = (dict, list, tuple)
+_count_options = orjson.OPT_NON_STR_KEYS
+
+
+def measure(
+    headers: Mapping[str, Any] | None,
+    reply_to: str | None,
+    correlation_id: str | None,
+    limits: HeaderLimits | None,
+    *,
+    strict: bool = False,
+) -> tuple[bytes, int]:
+    """``(headers as JSON, memory estimate)`` of a message's settings, checked against
+    ``limits`` unless it is ``None``. With ``strict`` the headers must be JSON as they
+    are (what a client is about to send); otherwise other values are measured as
+    :meth:`HeaderLimits.check` describes."""
+    encoded = b""
+    held = 0
+    if headers:
+        try:
+            if strict:
+                encoded = orjson.dumps(headers)
+            else:
+                encoded = orjson.dumps(headers, default=_opaque, option=_count_options)
+        except orjson.JSONEncodeError as exc:
+            # orjson stops at 255 levels (a cycle never ends): too deep, whatever the limit.
+            if limits is not None and _depth(headers, limits.max_depth) > limits.max_depth:
+                raise _too_deep(headers, limits) from None
+            raise TypeError(f"message headers must be JSON-serializable: {exc}") from None
+        if limits is not None:
+            if len(encoded) > limits.max_bytes:
+                raise _too_large(len(encoded), limits)
+            # A value cannot be nested deeper than it has brackets: most headers skip the walk.
+            if (
+                encoded.count(b"{") + encoded.count(b"[") > limits.max_depth
+                and _depth(headers, limits.max_depth) > limits.max_depth
+            ):
+                raise _too_deep(headers, limits)
+        held = (
+            len(encoded)
+            + _CONTAINER_COST * (encoded.count(b"{") + encoded.count(b"["))
+            + _ITEM_COST * (encoded.count(b",") + encoded.count(b":"))
+            + _QUOTE_COST * encoded.count(b'"')
+        )
+    if reply_to is not None or correlation_id is not None:
+        characters = 0
+        for text in (reply_to, correlation_id):
+            if text is not None:
+                if type(text) is not str:
+                    raise TypeError(f"reply_to and correlation_id must be str, not {text!r}")
+                characters += len(text)
+                held += _STRING_COST + 4 * len(text)
+        # JSON writes a character in at most 6 bytes: count exactly only near the limit.
+        if limits is not None and len(encoded) + 6 * characters + 4 > limits.max_bytes:
+            used = len(encoded) + sum(
+                len(orjson.dumps(text)) for text in (reply_to, correlation_id) if text is not None
+            )
+            if used > limits.max_bytes:
+                raise _too_large(used, limits)
+    return encoded, held
+
+
+def _opaque(value: object) -> str:
+    """How a value JSON cannot hold is measured: bytes by their length, others as text."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return " " * len(value)
+    return str(value)
+
+
+def _depth(value: object, cap: int) -> int:
+    """How deep ``value`` nests dicts, lists and tuples (0 for a scalar), up to ``cap + 1``.
+    Level by level, not recursively: a hostile value must not exhaust the stack."""
+    depth = 0
+    level = [value]
+    while depth <= cap:
+        containers = [v for v in level if isinstance(v, _CONTAINERS)]
+        if not containers:
+            break
+        depth += 1
+        level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
+def _too_large(size: int, limits: HeaderLimits) -> PublishRejectedError:
+    return PublishRejectedError(
+        "headers-too-large",
+        f"headers, reply-to and correlation id take {size} bytes as JSON, "
+        f"more than {limits.max_bytes}",
+        limits.max_bytes,
+        size,
+    )
+
+
+def _too_deep(headers: object, limits: HeaderLimits) -> PublishRejectedError:
+    depth = _depth(headers, 1024)
+    found = f"{depth} levels" if depth <= 1024 else "more than 1024 levels"
+    return PublishRejectedError(
+        "headers-too-deep",
+        f"headers are nested {found} deep, more than {limits.max_depth}",
+        limits.max_depth,
+        depth if depth <= 1024 else None,
+    )
+
 
 if TYPE_CHECKING:
     from attrs import frozen as _value
@@ -114,6 +310,9 @@ class Message:
         message_id: int | None = None,
         destination: str | None = None,
     ) -> None:
+        size = 0
+        if headers or reply_to is not None or correlation_id is not None:
+            size = measure(headers, reply_to, correlation_id, None)[1]
         options = MessageOptions(
             delivery_mode,
             headers,
@@ -124,6 +323,7 @@ class Message:
             redelivered,
             message_id,
             destination,
+            size,
         )
         if options == DEFAULT_OPTIONS:  # share the common ones
             options = DEFAULT_OPTIONS
@@ -185,24 +385,34 @@ class Message:
             "payload": self.payload,
             "sender": self.sender,
             "timestamp": self.timestamp,
-            **attrs.asdict(self.options, recurse=False),
         }
-        unknown = set(changes) - set(current)
+        settings = attrs.asdict(self.options, recurse=False)
+        size = settings.pop("size")
+        unknown = set(changes) - set(current) - set(settings)
         if unknown:
             raise TypeError(f"Message has no field(s) {', '.join(sorted(unknown))}")
-        current.update(changes)
-        return Message(**current)
+        if not _MEASURED.isdisjoint(changes):
+            return Message(**{**current, **settings, **changes})
+        for name, value in changes.items():
+            (current if name in current else settings)[name] = value
+        options = MessageOptions(**settings, size=size)
+        if options == DEFAULT_OPTIONS and not size:
+            options = DEFAULT_OPTIONS
+        return make_message(
+            current["topic"], current["payload"], current["sender"], current["timestamp"], options
+        )
 
     @property
     def size(self) -> int:
-        """Bytes counted against egress limits: the payload length."""
-        return len(self.payload)
+        """Bytes counted against egress and spool limits: the payload's length plus the
+        memory its headers, reply-to and correlation id take (:attr:`MessageOptions.size`)."""
+        return len(self.payload) + self.options.size
 
     def __repr__(self) -> str:
         changed = [
             f"{name}={value!r}"
             for name, value in attrs.asdict(self.options, recurse=False).items()
-            if value != getattr(DEFAULT_OPTIONS, name)
+            if value != getattr(DEFAULT_OPTIONS, name) and name != "size"
         ]
         extra = "".join(", " + c for c in changed)
         return (
@@ -212,6 +422,7 @@ class Message:
 
 
 _new = object.__new__
+_MEASURED = frozenset({"headers", "reply_to", "correlation_id"})
 
 
 def make_message(

@@ -15,6 +15,7 @@ from ._messages import _EMPTY_HEADERS as _NO_HEADERS
 from ._messages import (
     DEFAULT_OPTIONS,
     ELIGIBLE_OPTIONS,
+    HEADER_LIMITS,
     DeliveryMode,
     Envelope,
     Message,
@@ -49,6 +50,7 @@ log = logging.getLogger("meshbus.session")
 MessageHandler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
 
 _DIRECT = DeliveryMode.DIRECT
+_check_headers = HEADER_LIMITS.check
 _new_message = object.__new__
 _ADMITTED_CACHE = 4096  # topics remembered as valid and allowed, per session
 
@@ -173,6 +175,9 @@ class Session:
 
         :raises InvalidTopicError: the topic is not valid (SPEC 1).
         :raises AccessDeniedError: the ACL profile denies publishing to it.
+        :raises PublishRejectedError: the headers, reply-to and correlation id are over
+            the :data:`~meshbus.HEADER_LIMITS` (``"headers-too-large"``,
+            ``"headers-too-deep"``).
         :raises StateError: the session is closed.
         """
         if topic not in self._admitted:
@@ -182,12 +187,15 @@ class Session:
         if headers is None and reply_to is None and correlation_id is None:
             options = ELIGIBLE_OPTIONS if eliding_eligible else DEFAULT_OPTIONS
         else:
+            # Only here, with settings to check: a plain publish pays nothing for limits.
+            headers = _NO_HEADERS if headers is None else dict(headers)
             options = MessageOptions(
                 _DIRECT,
-                _NO_HEADERS if headers is None else dict(headers),
+                headers,
                 eliding_eligible,
                 reply_to,
                 correlation_id,
+                size=_check_headers(headers, reply_to, correlation_id),
             )
         # make_message() inlined: five slot stores, no extra frame (keep them in step).
         message = _new_message(Message)
@@ -235,7 +243,8 @@ class Session:
 
         :param ttl: seconds until it expires, for endpoints that respect TTL.
         :raises PublishRejectedError: an endpoint that rejects on discard could not
-            take it, or it is too large; nothing was stored.
+            take it, it is too large (its payload and headers count), or its headers
+            are over the :data:`~meshbus.HEADER_LIMITS`; nothing was stored.
         :raises ConfigurationError: no plugin provides guaranteed messaging.
         """
         if topic not in self._admitted:
@@ -261,8 +270,13 @@ class Session:
         order: ``None`` once it is held (acked), or the exception that rejected it
         (:class:`PublishRejectedError`, :class:`InvalidTopicError`,
         :class:`AccessDeniedError`); a rejected message does not stop the others.
+
+        :raises PublishRejectedError: the options all messages share are refused
+            (headers over the :data:`~meshbus.HEADER_LIMITS`, an invalid ``ttl``);
+            nothing was sent.
         """
         self._check_open()
+        options = _send_options(persistent, headers, ttl, False, None, None)
         batch: list[tuple[str, bytes]] = []
         results: list[Exception | None] = []
         for topic, payload in messages:
@@ -274,11 +288,7 @@ class Session:
                 continue
             results.append(None)
             batch.append((topic, as_bytes(payload)))
-        sent = iter(
-            await self.node.guaranteed.send_many(
-                self, batch, _send_options(persistent, headers, ttl, False, None, None)
-            )
-        )
+        sent = iter(await self.node.guaranteed.send_many(self, batch, options))
         return [next(sent) if r is None else r for r in results]
 
     async def send_to_queue(
@@ -294,8 +304,8 @@ class Session:
     ) -> None:
         """Publish a guaranteed message to one queue by name (SPEC 4).
 
-        :raises PublishRejectedError: no such queue, ingress disabled, over quota or
-            too large; nothing was stored.
+        :raises PublishRejectedError: no such queue, ingress disabled, over quota, too
+            large, or headers over the :data:`~meshbus.HEADER_LIMITS`; nothing was stored.
         """
         self._check_open()
         await self.node.guaranteed.send_to_queue(
@@ -564,13 +574,16 @@ def _send_options(
     correlation_id: str | None,
 ) -> dict[str, Any]:
     check_ttl(ttl)
+    copied = dict(headers) if headers else {}
     return {
         "persistent": persistent,
-        "headers": dict(headers) if headers else {},
+        "headers": copied,
         "ttl": ttl,
         "eliding_eligible": eliding_eligible,
         "reply_to": reply_to,
         "correlation_id": correlation_id,
+        # What the headers and strings take in memory: part of the message's size.
+        "size": _check_headers(copied, reply_to, correlation_id),
     }
 
 
