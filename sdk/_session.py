@@ -471,7 +471,7 @@ class Session:
         egress = self._egress
         if queue and self._receivable and not egress._discard_pending:
             message = queue.popleft()
-            egress._bytes -= len(message.payload)
+            egress._bytes -= len(message.payload) + message.options.size
             if not queue and egress.on_drained is not None:
                 egress.on_drained()
             self.delivered += 1

@@ -3,7 +3,9 @@ where messages come in, and a message's whole size counted against egress and sp
 
 from __future__ import annotations
 
+import gc
 import sys
+import tracemalloc
 from typing import Any
 
 import anyio
@@ -216,3 +218,49 @@ def test_a_message_size_is_its_payload_plus_its_headers_as_held() -> None:
     assert message.evolve(headers={}).size == 3
     with_reply = Message("t", b"abc", reply_to="reply/here", correlation_id="42")
     assert with_reply.size > 3 + len("reply/here") + len("42")
+
+
+# --- a message's whole size against the limits ---------------------------------------------
+
+
+async def test_a_slow_consumer_counts_headers_against_its_byte_limit(meshbus_node: Node) -> None:
+    limit = 1024 * 1024
+    slow_user(meshbus_node, "slow", egress_max_bytes=limit)
+    slow = meshbus_node.connect(username="slow")
+    slow.subscribe("h/>")
+    publisher = meshbus_node.connect()
+    encoded = orjson.dumps({"k": "v" * 50_000})
+    for i in range(100):  # 5 MB of headers, empty payloads
+        publisher.publish(f"h/{i}", b"", headers=parsed(encoded))
+    stats = slow.statistics()
+    assert stats.discarded > 0
+    assert stats.egress_messages == 100 - stats.discarded
+    assert stats.egress_messages * len(encoded) <= stats.egress_bytes <= limit
+    held = list(iter(slow.receive_nowait, None))
+    assert sum(m.size for m in held) == stats.egress_bytes
+    assert held[0].discard_indication
+    assert slow.statistics().egress_bytes == 0
+
+
+async def test_the_memory_a_slow_consumer_holds_stays_within_its_byte_limit(
+    meshbus_node: Node,
+) -> None:
+    # Empty objects cost the most memory per byte of JSON (about 24 times).
+    limit = 2 * 1024 * 1024
+    slow_user(meshbus_node, "slow", egress_max_bytes=limit)
+    slow = meshbus_node.connect(username="slow")
+    slow.subscribe("h/>")
+    publisher = meshbus_node.connect()
+    encoded = orjson.dumps({"k": [{} for _ in range(6_000)]})
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(60):  # about 20 MiB of parsed headers in all
+            publisher.publish(f"h/{i}", b"", headers=parsed(encoded))
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert slow.statistics().discarded > 0
+    assert grown <= limit + 256 * 1024
