@@ -264,3 +264,25 @@ async def test_the_memory_a_slow_consumer_holds_stays_within_its_byte_limit(
         tracemalloc.stop()
     assert slow.statistics().discarded > 0
     assert grown <= limit + 256 * 1024
+
+
+async def test_max_message_size_counts_headers(meshbus_node: Node) -> None:
+    svc = service(meshbus_node)
+    svc.create_queue("small", subscriptions=["s/>"], max_message_size=1_000)
+    session = meshbus_node.connect()
+    headers = {"k": "v" * 2_000}
+    with pytest.raises(PublishRejectedError) as caught:
+        await session.send_to_queue("small", b"x" * 100, headers=headers)
+    assert (caught.value.reason, caught.value.limit) == ("too-large", 1_000)
+    assert caught.value.size is not None
+    assert caught.value.size > 2_100
+    with pytest.raises(PublishRejectedError) as caught:
+        await session.send("s/1", b"x" * 100, headers=headers)
+    assert caught.value.reason == "too-large"
+    [result] = await session.send_many([("s/2", b"x" * 100)], headers=headers)
+    assert isinstance(result, PublishRejectedError)
+    assert result.reason == "too-large"
+    session.publish("s/3", b"x" * 100, headers=headers)  # direct: the queue discards it
+    await session.send("s/4", b"x" * 100, headers={"k": "v"})
+    assert svc.store.stats("default/small").messages == 1
+    assert svc.queue("small").discarded == 1
