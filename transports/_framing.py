@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from meshbus._messages import HEADER_LIMITS
 from meshbus.errors import ProtocolError
 
 __all__ = ["HEADER_DEPTH_LIMIT", "HEADER_LIMIT", "FrameDecoder", "FrameKind", "encode_frame"]
@@ -32,10 +33,12 @@ _PREFIX_SIZE = _PREFIX.size  # 9
 _BODY_MIN = _PREFIX_SIZE - 4  # kind + header length
 HEADER_LIMIT = 1024 * 1024
 """Largest JSON header a frame may carry, whatever the frame size limit."""
-HEADER_DEPTH_LIMIT = 100
-"""Deepest nesting of arrays and objects in a header. orjson reads 1024 levels but
-writes only 254: a deeper header (say, message headers a client published) could not
-be written again to a subscriber, so it is refused where it comes in."""
+HEADER_DEPTH_LIMIT = HEADER_LIMITS.max_depth + 3
+"""Deepest nesting of arrays and objects in a frame header: message headers at their
+depth limit, wrapped in the most a data frame puts around them (a batch's array, the
+message's entry and its options object). Message headers any deeper are refused where
+they come in (:class:`~meshbus.PublishRejectedError`) when the frame still fits this
+limit, and close the connection when it does not."""
 
 
 class FrameKind(enum.IntEnum):
