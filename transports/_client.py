@@ -49,7 +49,7 @@ from ._codec import (
 )
 from ._compression import ALGORITHMS
 from ._connection import Connection, unwrap_errors
-from ._framing import FrameKind
+from ._framing import FRAME_HEADROOM, FrameKind
 from ._protocol import LinkProtocol, LinkState, Role
 from ._remote_flow import RemoteFlow, Request
 from ._settings import MAX_FRAME_SIZE, TlsSettings
@@ -94,7 +94,7 @@ class RemoteSession:
         max_buffered_messages: int = 100_000,
         max_buffered_bytes: int = 64 * 1024 * 1024,
         max_send_buffer: int = 16 * 1024 * 1024,
-        max_frame_size: int = MAX_FRAME_SIZE,
+        max_frame_size: int = MAX_FRAME_SIZE + FRAME_HEADROOM,
     ) -> None:
         self.url = url
         self.vpn = vpn
@@ -110,6 +110,7 @@ class RemoteSession:
         self.backoff = backoff or Backoff()
         self.connect_timeout = connect_timeout
         self.max_send_buffer = max_send_buffer
+        #: The largest frame this client reads (it tells the node at login).
         self.max_frame_size = max_frame_size
         self._egress = Egress(max_buffered_messages, max_buffered_bytes)
         self._handler: Callable[[Message], None] | None = None

@@ -10,7 +10,10 @@ Data frames carry an array header, shortest for the common message::
 
 The batch frames carry the payloads joined in order, ``size`` bytes each. They
 are how a busy connection moves direct messages: one header parse and one
-frame per write instead of one per message.
+frame per write instead of one per message. A batch that would be larger than
+the frame the peer reads, or whose header would be over
+:data:`~meshbus.transports._framing.HEADER_LIMIT`, is written as several frames;
+a single message too large for the peer raises :class:`FrameTooLarge`.
 
 ``options`` is an object holding only what differs from the defaults, with
 short keys (see ``_OPTION_KEYS``). Decoding checks every type before building
@@ -26,12 +29,13 @@ from typing import Any
 
 import orjson
 
-from meshbus._messages import DEFAULT_OPTIONS, DeliveryMode, Message, MessageOptions
+from meshbus._messages import DEFAULT_OPTIONS, DeliveryMode, Message, MessageOptions, measure
 from meshbus.errors import ProtocolError
 
-from ._framing import FrameKind
+from ._framing import HEADER_LIMIT, FrameKind
 
 __all__ = [
+    "FrameTooLarge",
     "decode_deliver",
     "decode_deliver_batch",
     "decode_publish_batch",
@@ -58,8 +62,32 @@ _DELIVER_BATCH = FrameKind.DELIVER_BATCH
 _MODES = {mode.value: mode for mode in DeliveryMode}
 
 
+_UNLIMITED = 2**32 - 1  # what a frame's length field holds
+
+
+class FrameTooLarge(ValueError):
+    """A message does not fit in one frame the peer reads.
+
+    :ivar size: the frame's length in bytes.
+    :ivar limit: the largest frame the peer reads.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"a frame of {size} bytes is larger than the peer reads ({limit})")
+        self.size = size
+        self.limit = limit
+
+
 def _frame(kind: int, head: bytes, payload: bytes) -> bytes:
     return _pack(5 + len(head) + len(payload), kind, len(head)) + head + payload
+
+
+def _fitting(kind: int, head: bytes, payload: bytes, max_frame: int) -> bytes:
+    """One frame, or :class:`FrameTooLarge` if the peer would refuse it."""
+    size = 9 + len(head) + len(payload)
+    if size > max_frame or len(head) > HEADER_LIMIT:
+        raise FrameTooLarge(size, max_frame)
+    return _pack(size - 4, kind, len(head)) + head + payload
 
 
 # --- options ----------------------------------------------------------------------
@@ -112,6 +140,9 @@ def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOption
     destination = wire.get("q")
     if destination is not None:
         _check(destination, str, "destination")
+    size = 0
+    if headers or reply_to is not None or correlation_id is not None:
+        size = measure(headers, reply_to, correlation_id, None)[1]  # what the buffer holds
     return MessageOptions(
         mode,
         headers,
@@ -122,6 +153,7 @@ def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOption
         _check(wire.get("rd", False), bool, "redelivered flag"),
         message_id,
         destination,
+        size,
     )
 
 
@@ -167,14 +199,18 @@ def decode_publish(header: list[Any]) -> tuple[str, dict[str, Any] | None]:
 # --- node to client -----------------------------------------------------------------
 
 
-def encode_deliver(message: Message) -> bytes:
-    """A DELIVER frame for a message a remote session receives."""
+def encode_deliver(message: Message, max_frame: int = _UNLIMITED) -> bytes:
+    """A DELIVER frame for a message a remote session receives.
+
+    :raises FrameTooLarge: the frame would be longer than ``max_frame`` (what the
+        peer reads), or its header longer than ``HEADER_LIMIT``.
+    """
     options = message.options
     if options is DEFAULT_OPTIONS:
         head = _dumps((message.topic, message.sender, message.timestamp))
     else:
         head = _dumps((message.topic, message.sender, message.timestamp, options_to_wire(options)))
-    return _frame(_DELIVER, head, message.payload)
+    return _fitting(_DELIVER, head, message.payload, max_frame)
 
 
 def decode_deliver(header: list[Any], payload: bytes) -> Message:
@@ -262,8 +298,12 @@ def publish_options(
     return wire
 
 
-def encode_publish_batch(entries: list[PublishEntry]) -> bytes:
-    """One PUBLISH_BATCH frame for ``entries`` (in order)."""
+def encode_publish_batch(entries: list[PublishEntry], max_frame: int = _UNLIMITED) -> bytes:
+    """PUBLISH_BATCH frames for ``entries`` (in order): one, or more when one would be
+    longer than ``max_frame`` (what the node reads) or its header over ``HEADER_LIMIT``.
+
+    :raises FrameTooLarge: an entry does not fit in a frame on its own.
+    """
     head = [
         (topic, len(payload)) if options is None else (topic, len(payload), options)
         for topic, payload, options in entries
@@ -272,7 +312,15 @@ def encode_publish_batch(entries: list[PublishEntry]) -> bytes:
         header = _dumps(head)
     except TypeError as exc:
         raise TypeError(f"message headers must be JSON-serializable: {exc}") from None
-    return _frame(_PUBLISH_BATCH, header, b"".join([e[1] for e in entries]))
+    payload = b"".join([e[1] for e in entries])
+    if 9 + len(header) + len(payload) <= max_frame and len(header) <= HEADER_LIMIT:
+        return _frame(_PUBLISH_BATCH, header, payload)
+    if len(entries) == 1:
+        raise FrameTooLarge(9 + len(header) + len(payload), max_frame)
+    half = len(entries) // 2  # rare: halve until each part fits
+    return encode_publish_batch(entries[:half], max_frame) + encode_publish_batch(
+        entries[half:], max_frame
+    )
 
 
 def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry]:
@@ -302,15 +350,28 @@ def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry
     return entries
 
 
-def encode_deliver_batch(messages: list[Message]) -> bytes:
-    """One DELIVER_BATCH frame for ``messages`` (in order)."""
+def encode_deliver_batch(messages: list[Message], max_frame: int = _UNLIMITED) -> bytes:
+    """DELIVER_BATCH frames for ``messages`` (in order): one, or more when one would be
+    longer than ``max_frame`` (what the peer reads) or its header over ``HEADER_LIMIT``.
+
+    :raises FrameTooLarge: a message does not fit in a frame on its own.
+    """
     head = [
         (m.topic, m.sender, m.timestamp, len(m.payload))
         if m.options is DEFAULT_OPTIONS
         else (m.topic, m.sender, m.timestamp, len(m.payload), options_to_wire(m.options))
         for m in messages
     ]
-    return _frame(_DELIVER_BATCH, _dumps(head), b"".join([m.payload for m in messages]))
+    header = _dumps(head)
+    payload = b"".join([m.payload for m in messages])
+    if 9 + len(header) + len(payload) <= max_frame and len(header) <= HEADER_LIMIT:
+        return _frame(_DELIVER_BATCH, header, payload)
+    if len(messages) == 1:
+        raise FrameTooLarge(9 + len(header) + len(payload), max_frame)
+    half = len(messages) // 2  # rare: halve until each part fits
+    return encode_deliver_batch(messages[:half], max_frame) + encode_deliver_batch(
+        messages[half:], max_frame
+    )
 
 
 def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:

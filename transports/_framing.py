@@ -26,19 +26,32 @@ import orjson
 from meshbus._messages import HEADER_LIMITS
 from meshbus.errors import ProtocolError
 
-__all__ = ["HEADER_DEPTH_LIMIT", "HEADER_LIMIT", "FrameDecoder", "FrameKind", "encode_frame"]
+__all__ = [
+    "FRAME_HEADROOM",
+    "HEADER_DEPTH_LIMIT",
+    "HEADER_LIMIT",
+    "FrameDecoder",
+    "FrameKind",
+    "encode_frame",
+]
 
 _PREFIX = struct.Struct("!IBI")
 _PREFIX_SIZE = _PREFIX.size  # 9
 _BODY_MIN = _PREFIX_SIZE - 4  # kind + header length
 HEADER_LIMIT = 1024 * 1024
-"""Largest JSON header a frame may carry, whatever the frame size limit."""
+"""Largest JSON header a frame may carry, whatever the frame size limit. It holds a
+message's headers at their limit (:data:`meshbus.HEADER_LIMITS`) many times over; the
+frames that carry several messages are split to stay within it."""
 HEADER_DEPTH_LIMIT = HEADER_LIMITS.max_depth + 3
 """Deepest nesting of arrays and objects in a frame header: message headers at their
 depth limit, wrapped in the most a data frame puts around them (a batch's array, the
 message's entry and its options object). Message headers any deeper are refused where
 they come in (:class:`~meshbus.PublishRejectedError`) when the frame still fits this
 limit, and close the connection when it does not."""
+FRAME_HEADROOM = 64 * 1024
+"""Bytes a node may add to a message it accepted when it writes it to a subscriber
+(the sender's name, a timestamp, flow and message numbers, the queue's name), with
+room to spare: a client reads frames this much larger than a node accepts."""
 
 
 class FrameKind(enum.IntEnum):

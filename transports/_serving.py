@@ -38,6 +38,7 @@ from meshbus.errors import (
 )
 
 from ._codec import (
+    FrameTooLarge,
     decode_publish,
     decode_publish_batch,
     encode_deliver,
@@ -123,7 +124,8 @@ class ServedSession:
         self._flow_numbers = 0
         self._flow_done: dict[int, anyio.Event] = {}
         self.errors_sent = 0
-        #: Messages whose headers could not be written (not JSON-serializable).
+        #: Messages that could not be written: headers JSON cannot hold, or a message
+        #: larger than the client reads (both only from in-process publishers).
         self.undeliverable = 0
         self._write_through = write_through if write_through is not None else WriteThrough()
         #: In its node's write-through list already (see :class:`WriteThrough`).
@@ -432,17 +434,23 @@ class ServedSession:
         """Queue ``message`` and what waits behind it, up to a batch's limits, as frames."""
         receive_nowait = self.session.receive_nowait
         batch = [message]
-        size = len(message.payload)
+        # Whole sizes (headers too): what the batch's frame holds, at most about that.
+        size = len(message.payload) + message.options.size
         while size < _BATCH_BYTES and len(batch) < _BATCH_MESSAGES:
             message = receive_nowait()  # type: ignore[assignment]
             if message is None:
                 break
             batch.append(message)
-            size += len(message.payload)
-        out = self.protocol.out  # a bytearray, extended in place
+            size += len(message.payload) + message.options.size
+        protocol = self.protocol
+        out = protocol.out  # a bytearray, extended in place
+        limit = protocol.peer_max_frame_size
         try:
-            out += encode_deliver(batch[0]) if len(batch) == 1 else encode_deliver_batch(batch)
-        except TypeError:  # headers JSON cannot carry (from an in-process publisher)
+            if len(batch) == 1:
+                out += encode_deliver(batch[0], limit)
+            else:
+                out += encode_deliver_batch(batch, limit)
+        except (TypeError, FrameTooLarge):  # only an in-process publisher can cause these
             self._deliver_one_by_one(batch)
 
     def _on_ready(self) -> None:
@@ -475,10 +483,11 @@ class ServedSession:
 
     def _deliver_one_by_one(self, batch: list[Message]) -> None:
         out = self.protocol.out
+        limit = self.protocol.peer_max_frame_size
         for message in batch:
             try:
-                out += encode_deliver(message)
-            except TypeError as exc:
+                out += encode_deliver(message, limit)
+            except (TypeError, FrameTooLarge) as exc:
                 self.undeliverable += 1
                 if self.undeliverable == 1:
                     log.warning(

@@ -68,3 +68,73 @@ async def test_deep_headers_a_publish_accepts_reach_a_remote_subscriber(
         assert subscriber.connects == 1
         assert accepted == [limit - 1, limit]
         assert refused == {"headers-too-deep"}
+
+
+# --- what a node writes fits the frames its subscribers read ----------------------------------
+
+
+def sized(size: int, keys: int = 1) -> dict[str, Any]:
+    """Headers of about ``size`` bytes of JSON, in ``keys`` string values."""
+    each = max(size // keys - 12, 1)
+    return {f"h{i:03}": "v" * each for i in range(keys)}
+
+
+async def test_large_headers_a_publish_accepts_reach_a_remote_subscriber(
+    node: Node, server: Server
+) -> None:
+    async with connect(server.url, reconnect=False) as subscriber:
+        subscriber.subscribe("big/>")
+        await subscriber.confirm()
+        publisher = node.connect()
+        accepted, refused = [], set()
+        for size in (1_000, 60_000, 200_000, 1_500_000):
+            headers = sized(size, keys=8)
+            try:
+                publisher.publish("big/a", b"1", headers=headers)
+                publisher.publish("big/b", b"2", headers=headers)
+            except PublishRejectedError as exc:
+                refused.add(exc.reason)
+                continue
+            accepted.append(size)
+            got = [await receive(subscriber), await receive(subscriber)]
+            assert [(m.topic, m.headers) for m in got] == [("big/a", headers), ("big/b", headers)]
+        assert subscriber.connected
+        assert subscriber.connects == 1
+        assert accepted == [1_000, 60_000]  # HEADER_LIMITS.max_bytes is 64 KiB
+        assert refused == {"headers-too-large"}
+
+
+async def test_a_burst_of_messages_with_headers_reaches_a_remote_subscriber(
+    node: Node, server: Server
+) -> None:
+    # Their headers together are far more than one frame's header may hold.
+    async with connect(server.url, reconnect=False) as subscriber:
+        subscriber.subscribe("burst/>")
+        await subscriber.confirm()
+        publisher = node.connect()
+        headers = sized(50_000, keys=4)
+        for i in range(40):
+            publisher.publish(f"burst/{i}", b"", headers=headers)
+        got = [await receive(subscriber) for _ in range(40)]
+        assert [m.topic for m in got] == [f"burst/{i}" for i in range(40)]
+        assert all(m.headers == headers for m in got)
+        assert subscriber.connected
+        assert subscriber.connects == 1
+
+
+LONG = "x" * 244 + "/long"  # 249 bytes: within the default topic limit of 250
+
+
+async def test_a_burst_on_long_topics_reaches_a_remote_subscriber(
+    node: Node, server: Server
+) -> None:
+    async with connect(server.url, reconnect=False) as subscriber:
+        subscriber.subscribe(LONG)
+        await subscriber.confirm()
+        publisher = node.connect()
+        for i in range(5_000):
+            publisher.publish(LONG, b"%d" % i)
+        got = [await receive(subscriber) for _ in range(5_000)]
+        assert [m.payload for m in got] == [b"%d" % i for i in range(5_000)]
+        assert subscriber.connected
+        assert subscriber.connects == 1
