@@ -121,11 +121,21 @@ class FrameDecoder:
         type its header must have (``dict`` or ``list``); others are errors.
     """
 
-    __slots__ = ("_chunks", "_need", "_size", "accept", "max_frame_size", "saw_control")
+    __slots__ = (
+        "_chunks",
+        "_need",
+        "_size",
+        "accept",
+        "limit_note",
+        "max_frame_size",
+        "saw_control",
+    )
 
     def __init__(self, max_frame_size: int, accept: dict[int, type] | None = None) -> None:
         self.max_frame_size = max_frame_size
         self.accept = accept
+        #: Said after the limit when a frame is over it (which limit it was).
+        self.limit_note = ""
         # Received bytes not yet decoded, kept as pieces until the next frame can be
         # whole: joining on every read would copy a large frame once per read.
         self._chunks: list[bytes] = []
@@ -171,7 +181,8 @@ class FrameDecoder:
                 length, kind, head_length = unpack(data, offset)
                 if length > max_size:
                     raise ProtocolError(
-                        f"frame of {length} bytes is larger than the limit of {max_size}"
+                        f"frame of {length} bytes is larger than the limit of "
+                        f"{max_size}{self.limit_note}"
                     )
                 if length < _BODY_MIN:
                     raise ProtocolError(f"frame length {length} is shorter than a frame header")

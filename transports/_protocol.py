@@ -20,6 +20,8 @@ The conversation::
 The client sends nothing after HELLO until WELCOME arrives. Every frame is
 checked against the state and the side it may come from before it is returned.
 
+Until the handshake is done a side reads only a small frame (a login is well under
+1 KB), so a connection that never logs in cannot make its peer hold more than that.
 HELLO and WELCOME each say the largest frame their sender reads
 (``max_frame_size``): a side never writes a data frame its peer would refuse.
 """
@@ -33,7 +35,7 @@ from meshbus.errors import ProtocolError
 
 from ._compression import ALGORITHMS, Compressor, Decompressor
 from ._framing import FrameDecoder, FrameKind, encode_frame
-from ._settings import MAX_FRAME_SIZE
+from ._settings import LOGIN_FRAME_SIZE, MAX_FRAME_SIZE
 
 __all__ = ["PROTOCOL_VERSION", "LinkProtocol", "LinkState", "Role"]
 
@@ -109,15 +111,23 @@ class LinkProtocol:
     """The state of one side of one connection.
 
     :param role: :attr:`Role.CLIENT` or :attr:`Role.SERVER`.
-    :param max_frame_size: largest frame accepted from the peer; the handshake tells
-        the peer.
+    :param max_frame_size: largest frame accepted from the peer once logged in; the
+        handshake tells the peer.
+    :param handshake_frame_size: largest frame accepted before that (the login's).
     """
 
-    def __init__(self, role: Role, *, max_frame_size: int) -> None:
+    def __init__(
+        self,
+        role: Role,
+        *,
+        max_frame_size: int,
+        handshake_frame_size: int = LOGIN_FRAME_SIZE,
+    ) -> None:
         self.role = role
         self.state = LinkState.HANDSHAKE
         self.max_frame_size = max_frame_size
-        self._decoder = FrameDecoder(max_frame_size)
+        self._decoder = FrameDecoder(min(handshake_frame_size, max_frame_size))
+        self._decoder.limit_note = " before login"
         #: The largest frame the peer reads, as its HELLO or WELCOME said (until then, and
         #: for peers that do not say, what meshbus read before it said so).
         self.peer_max_frame_size = MAX_FRAME_SIZE
@@ -230,7 +240,10 @@ class LinkProtocol:
             self._decompressor = Decompressor(min(self.max_frame_size, _INFLATE_STEP))
         self.compression = compression
         self.state = LinkState.OPEN
-        self._decoder.accept = self._receives  # from now on: only the kinds this side takes
+        decoder = self._decoder
+        decoder.accept = self._receives  # from now on: only the kinds this side takes
+        decoder.max_frame_size = self.max_frame_size  # and frames of any size it takes
+        decoder.limit_note = ""
         # What followed the handshake frame in the same read is in the new encoding.
         self._held = self._decoder.take_buffer()
 

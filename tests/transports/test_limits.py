@@ -3,19 +3,28 @@ refuses locally what the node would refuse."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import struct
 from typing import Any
 
 import anyio
 import anyio.abc
+import pytest
 
 from meshbus import HEADER_LIMITS, Message, Node, PublishRejectedError
 from meshbus.plugins.guaranteed._service import GuaranteedService
 from meshbus.transports import (
+    FrameKind,
+    ListenerSettings,
     RemoteFlow,
     RemoteSession,
     Server,
     connect,
+    start_server,
 )
+
+from .conftest import wait_until
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -138,3 +147,72 @@ async def test_a_burst_on_long_topics_reaches_a_remote_subscriber(
         assert [m.payload for m in got] == [b"%d" % i for i in range(5_000)]
         assert subscriber.connected
         assert subscriber.connects == 1
+
+
+# --- defect 3: before login a connection holds little -----------------------------------------
+
+PREFIX = struct.Struct("!IBI")
+
+
+async def hung_up(stream: anyio.abc.ByteStream, timeout: float = 2.0) -> bytes:
+    """What the node wrote before it closed ``stream`` (fails the test if it does not)."""
+    received = b""
+    with anyio.fail_after(timeout):
+        try:
+            while True:
+                received += await stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            return received
+
+
+async def test_before_login_only_a_small_frame_is_accepted(
+    node: Node, server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="meshbus.transports")
+    size = 1024 * 1024  # far below the frame limit after login
+    async with await anyio.connect_tcp("127.0.0.1", server.port) as stream:
+        await stream.send(PREFIX.pack(size, FrameKind.HELLO, 100) + bytes(60_000))
+        assert await hung_up(stream) == b""
+    assert server.statistics().failed == 1
+    [reason] = [r.getMessage() for r in caplog.records if "closing connection" in r.getMessage()]
+    assert f"frame of {size} bytes is larger than the limit of 65536 before login" in reason
+    # Once logged in, a session may send frames up to the listener's limit.
+    local = node.connect()
+    local.subscribe("after/login")
+    async with connect(server.url, reconnect=False) as publisher:
+        publisher.publish("after/login", bytes(size))
+        await publisher.confirm()
+    [message] = iter(local.receive_nowait, None)
+    assert len(message.payload) == size
+
+
+async def test_connections_over_the_unauthenticated_limit_are_closed_at_once(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="meshbus.transports")
+    server = await start_server(node, ListenerSettings(port=0, max_unauthenticated=3))
+    async with contextlib.AsyncExitStack() as stack:
+        idle = [
+            await stack.enter_async_context(await anyio.connect_tcp("127.0.0.1", server.port))
+            for _ in range(3)
+        ]
+        await wait_until(lambda: server.statistics().open == 3)
+        for _ in range(20):
+            async with await anyio.connect_tcp("127.0.0.1", server.port) as extra:
+                assert await hung_up(extra) == b""
+        stats = server.statistics()
+        assert (stats.turned_away, stats.open, stats.accepted) == (20, 3, 23)
+        # One line for the burst, not one per connection.
+        lines = [r for r in caplog.records if "unauthenticated" in r.getMessage()]
+        assert len(lines) == 1
+        assert lines[0].levelno == logging.WARNING
+        # A connection that ends frees its place; logged-in sessions take none.
+        await idle.pop().aclose()
+        await wait_until(lambda: server.statistics().open == 2)
+        async with connect(server.url, reconnect=False) as session:
+            idle.append(
+                await stack.enter_async_context(await anyio.connect_tcp("127.0.0.1", server.port))
+            )
+            await wait_until(lambda: server.statistics().open == 4)
+            await session.confirm()
+        assert server.statistics().turned_away == 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import zlib
 from typing import Any
 
@@ -388,6 +389,31 @@ def test_a_malformed_max_frame_size_is_refused(kind: FrameKind, size: Any) -> No
     with pytest.raises(ProtocolError, match=f"{kind.name} max_frame_size must be a positive"):
         protocol.receive_data(encode_frame(kind, {"version": 1, "max_frame_size": size}))
     assert protocol.state is LinkState.CLOSED
+
+
+@pytest.mark.parametrize("role", [Role.SERVER, Role.CLIENT])
+def test_before_login_only_a_frame_of_the_handshake_size_is_read(role: Role) -> None:
+    protocol = LinkProtocol(role, max_frame_size=16 * LIMIT, handshake_frame_size=2048)
+    if role is Role.CLIENT:
+        protocol.hello({})
+    kind = K.HELLO if role is Role.SERVER else K.WELCOME
+    with pytest.raises(ProtocolError, match="frame of 2049 bytes is larger than the limit of 2048"):
+        protocol.receive_data(struct.pack("!IBI", 2049, kind, 10))  # the prefix is enough
+    assert protocol.state is LinkState.CLOSED
+    assert protocol.close_reason is not None
+    assert protocol.close_reason.endswith(" before login")
+    # after the handshake, frames up to max_frame_size
+    server = LinkProtocol(Role.SERVER, max_frame_size=16 * LIMIT, handshake_frame_size=2048)
+    client = LinkProtocol(Role.CLIENT, max_frame_size=16 * LIMIT, handshake_frame_size=2048)
+    client.hello({})
+    server.receive_data(client.data_to_send())
+    server.accept({}, compression=None)
+    client.receive_data(server.data_to_send())
+    body = bytes(8 * LIMIT)
+    client.send(K.PUBLISH, ["t"], body)
+    server.send(K.DELIVER, ["t", None, 0], body)
+    assert server.receive_data(client.data_to_send()) == [(K.PUBLISH, ["t"], body)]
+    assert client.receive_data(server.data_to_send()) == [(K.DELIVER, ["t", None, 0], body)]
 
 
 def test_client_frames_after_hello_before_welcome_are_refused() -> None:

@@ -552,6 +552,7 @@ async def test_node_statistics(node: Node, server: Server) -> None:
         "failed",
         "bytes_received",
         "bytes_sent",
+        "turned_away",
     }
 
 
