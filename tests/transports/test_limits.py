@@ -25,6 +25,7 @@ from meshbus.transports import (
 )
 
 from .conftest import wait_until
+from .test_reconnect_keepalive import fast
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -216,3 +217,142 @@ async def test_connections_over_the_unauthenticated_limit_are_closed_at_once(
             await wait_until(lambda: server.statistics().open == 4)
             await session.confirm()
         assert server.statistics().turned_away == 20
+
+
+# --- defect 4: a client refuses what the node would refuse ------------------------------------
+
+SMALL_FRAME = 64 * 1024
+
+
+async def test_a_publish_larger_than_the_node_takes_is_refused_locally(node: Node) -> None:
+    small = await start_server(node, ListenerSettings(port=0, max_frame_size=SMALL_FRAME))
+    local = node.connect()
+    local.subscribe("frame/>")
+    async with connect(small.url, reconnect=False) as publisher:
+        with pytest.raises(PublishRejectedError) as caught:
+            publisher.publish("frame/big", bytes(SMALL_FRAME))
+        assert caught.value.reason == "too-large"
+        assert caught.value.limit == SMALL_FRAME
+        assert caught.value.size is not None
+        assert caught.value.size > SMALL_FRAME
+        publisher.publish("frame/small", b"fits")
+        await publisher.confirm()
+        assert publisher.connects == 1
+        assert publisher.published == 1
+    assert [m.topic for m in iter(local.receive_nowait, None)] == ["frame/small"]
+
+
+async def test_a_send_larger_than_the_node_takes_is_refused_locally(node: Node) -> None:
+    service(node).create_queue("sends", subscriptions=["frame/>"])
+    small = await start_server(node, ListenerSettings(port=0, max_frame_size=SMALL_FRAME))
+    async with connect(small.url, backoff=fast()) as producer:
+        with anyio.fail_after(3):
+            with pytest.raises(PublishRejectedError) as caught:
+                await producer.send("frame/big", bytes(SMALL_FRAME))
+            assert (caught.value.reason, caught.value.limit) == ("too-large", SMALL_FRAME)
+            with pytest.raises(PublishRejectedError) as caught:
+                await producer.send_to_queue("sends", bytes(SMALL_FRAME))
+            assert (caught.value.reason, caught.value.limit) == ("too-large", SMALL_FRAME)
+            [result] = await producer.send_many([("frame/big", bytes(SMALL_FRAME))])
+            assert isinstance(result, PublishRejectedError)
+            assert result.reason == "too-large"
+            await producer.send("frame/small", b"fits")  # later requests are answered
+        assert producer.connects == 1
+    assert service(node).store.stats("default/sends").messages == 1
+
+
+async def test_a_send_waiting_for_a_node_that_now_takes_less_is_refused_not_resent(
+    node: Node,
+) -> None:
+    service(node).create_queue("sends", subscriptions=["frame/>"])
+    roomy = await start_server(node, ListenerSettings(port=0, max_frame_size=4 * SMALL_FRAME))
+    port = roomy.port
+    async with connect(roomy.url, backoff=fast()) as producer:
+        await roomy.aclose()
+        with anyio.fail_after(3):
+            while producer.connected:
+                await anyio.sleep(0.01)
+        results: list[BaseException | None] = []
+
+        async def send(payload: bytes) -> None:
+            try:
+                await producer.send("frame/x", payload)
+            except PublishRejectedError as exc:
+                results.append(exc)
+            else:
+                results.append(None)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send, bytes(2 * SMALL_FRAME))  # fitted the node it was made for
+            await anyio.sleep(0.05)
+            tg.start_soon(send, b"small")
+            await anyio.sleep(0.05)
+            assert results == []  # both wait for the node
+            small = await start_server(
+                node, ListenerSettings(port=port, max_frame_size=SMALL_FRAME)
+            )
+            with anyio.fail_after(3):
+                while len(results) < 2:
+                    await anyio.sleep(0.01)
+        refused = [r for r in results if r is not None]
+        assert len(refused) == 1
+        assert isinstance(refused[0], PublishRejectedError)
+        assert (refused[0].reason, refused[0].limit) == ("too-large", SMALL_FRAME)
+        assert producer.connects == 2
+        assert small.statistics().failed == 0
+    assert service(node).store.stats("default/sends").messages == 1
+
+
+async def test_deep_headers_a_send_accepts_reach_the_queue_consumer(
+    node: Node, server: Server
+) -> None:
+    service(node).create_queue("deep", subscriptions=["deep/>"])
+    async with (
+        connect(server.url, backoff=fast()) as producer,
+        connect(server.url, backoff=fast()) as consumer,
+    ):
+        flow = await consumer.bind("deep")
+        limit = HEADER_LIMITS.max_depth
+        accepted, refused = [], set()
+        for depth in (limit - 1, 99, limit, 98, 100, limit + 1, 150):
+            headers = nested(depth)
+            try:
+                with anyio.fail_after(3):
+                    await producer.send("deep/x", str(depth), headers=headers)
+            except PublishRejectedError as exc:
+                refused.add(exc.reason)
+                continue
+            accepted.append(depth)
+            message = await receive(flow)
+            assert (message.payload, message.headers) == (str(depth).encode(), headers)
+            flow.ack(message)
+        assert accepted == [limit - 1, limit]
+        assert refused == {"headers-too-deep"}
+        assert (producer.connects, consumer.connects) == (1, 1)
+
+
+async def test_a_remote_burst_on_long_topics_reaches_the_node(node: Node, server: Server) -> None:
+    local = node.connect()
+    local.subscribe(LONG)
+    async with connect(server.url, reconnect=False) as publisher:
+        for i in range(5_000):
+            publisher.publish(LONG, b"%d" % i)
+        await publisher.confirm()
+        assert publisher.connected
+        assert publisher.connects == 1
+    got = list(iter(local.receive_nowait, None))
+    assert [m.payload for m in got] == [b"%d" % i for i in range(5_000)]
+
+
+async def test_a_remote_burst_larger_than_a_frame_reaches_the_node(node: Node) -> None:
+    small = await start_server(node, ListenerSettings(port=0, max_frame_size=64 * 1024))
+    local = node.connect()
+    local.subscribe("many/>")
+    async with connect(small.url, reconnect=False) as publisher:
+        for i in range(200):  # written together: 200 KiB of payloads
+            publisher.publish(f"many/{i}", bytes(1024))
+        await publisher.confirm()
+        assert publisher.connected
+        assert publisher.connects == 1
+    got = list(iter(local.receive_nowait, None))
+    assert [m.topic for m in got] == [f"many/{i}" for i in range(200)]
