@@ -71,7 +71,7 @@ class Egress:
         # The direct router inlines this body (plugins/direct.py): keep them in step.
         queue = self._queue
         queue.append(message)
-        size = self._bytes + len(message.payload) + message.options.size  # Message.size inlined
+        size = self._bytes + message.size
         self._bytes = size
         if size > self.max_bytes or len(queue) > self.max_messages:
             self._shed()
@@ -110,7 +110,7 @@ class Egress:
         if not queue:
             return None
         message = queue.popleft()
-        self._bytes -= len(message.payload) + message.options.size
+        self._bytes -= message.size
         if self._discard_pending:
             self._discard_pending = False
             message = message.evolve(discard_indication=True)

@@ -16,8 +16,9 @@ What a message may carry besides its topic and payload is bounded by one
 (sessions in the process, a node's connections, a remote client before it sends), so
 that whatever one side accepts every other side can carry (SPEC 10). Checking the
 headers also estimates the memory they take once parsed; that estimate travels in
-:attr:`MessageOptions.size` and makes :attr:`Message.size` the whole size that egress
-buffers and spool limits count.
+:attr:`MessageOptions.size`, and :attr:`Message.size`, the whole size that egress
+buffers and spool limits count, adds it to the payload's length once, when the
+message is made, rather than at every delivery.
 """
 
 from __future__ import annotations
@@ -293,6 +294,10 @@ class Message:
     guaranteed message carries the time the node took it."""
     options: MessageOptions
     """The rarely changed settings, shared between messages that have the same."""
+    size: int = attrs.field(eq=False)
+    """Bytes counted against egress and spool limits: the payload's length plus the
+    memory its headers, reply-to and correlation id take (:attr:`MessageOptions.size`).
+    Worked out once, when the message is made: buffers read it at every delivery."""
 
     def __init__(
         self,
@@ -332,6 +337,7 @@ class Message:
         self.sender = sender  # type: ignore[misc]
         self.timestamp = timestamp  # type: ignore[misc]
         self.options = options  # type: ignore[misc]
+        self.size = len(payload) + size  # type: ignore[misc]
 
     @property
     def delivery_mode(self) -> DeliveryMode:
@@ -402,12 +408,6 @@ class Message:
             current["topic"], current["payload"], current["sender"], current["timestamp"], options
         )
 
-    @property
-    def size(self) -> int:
-        """Bytes counted against egress and spool limits: the payload's length plus the
-        memory its headers, reply-to and correlation id take (:attr:`MessageOptions.size`)."""
-        return len(self.payload) + self.options.size
-
     def __repr__(self) -> str:
         changed = [
             f"{name}={value!r}"
@@ -432,13 +432,14 @@ def make_message(
     timestamp: float | None,
     options: MessageOptions,
 ) -> Message:
-    """The publish path's constructor: five slot stores, no argument processing."""
+    """The publish path's constructor: six slot stores, no argument processing."""
     message: Message = _new(Message)
     message.topic = topic  # type: ignore[misc]
     message.payload = payload  # type: ignore[misc]
     message.sender = sender  # type: ignore[misc]
     message.timestamp = timestamp  # type: ignore[misc]
     message.options = options  # type: ignore[misc]
+    message.size = len(payload) + options.size  # type: ignore[misc]
     return message
 
 

@@ -186,6 +186,7 @@ class Session:
             payload = as_bytes(payload)
         if headers is None and reply_to is None and correlation_id is None:
             options = ELIGIBLE_OPTIONS if eliding_eligible else DEFAULT_OPTIONS
+            size = len(payload)
         else:
             # Only here, with settings to check: a plain publish pays nothing for limits.
             headers = _NO_HEADERS if headers is None else dict(headers)
@@ -197,13 +198,15 @@ class Session:
                 correlation_id,
                 size=_check_headers(headers, reply_to, correlation_id),
             )
-        # make_message() inlined: five slot stores, no extra frame (keep them in step).
+            size = len(payload) + options.size
+        # make_message() inlined: six slot stores, no extra frame (keep them in step).
         message = _new_message(Message)
         message.topic = topic  # type: ignore[misc]
         message.payload = payload  # type: ignore[misc]
         message.sender = self.client_name  # type: ignore[misc]
         message.timestamp = self._time() if self.timestamps else None  # type: ignore[misc]
         message.options = options  # type: ignore[misc]
+        message.size = size  # type: ignore[misc]
         self.published += 1
         # Inlined Vpn.dispatch: this is the per-message path.
         vpn = self.vpn
@@ -471,7 +474,7 @@ class Session:
         egress = self._egress
         if queue and self._receivable and not egress._discard_pending:
             message = queue.popleft()
-            egress._bytes -= len(message.payload) + message.options.size
+            egress._bytes -= message.size
             if not queue and egress.on_drained is not None:
                 egress.on_drained()
             self.delivered += 1

@@ -268,6 +268,7 @@ def _message(
     message.sender = sender  # type: ignore[misc]
     message.timestamp = timestamp  # type: ignore[misc]
     message.options = options  # type: ignore[misc]
+    message.size = len(payload) + options.size  # type: ignore[misc]
     return message
 
 
@@ -411,6 +412,7 @@ def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
         message.sender = sender  # type: ignore[misc]
         message.timestamp = timestamp  # type: ignore[misc]
         message.options = options  # type: ignore[misc]
+        message.size = size + options.size  # type: ignore[misc]
         append(message)
         offset = end
     if offset != total:

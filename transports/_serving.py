@@ -435,13 +435,13 @@ class ServedSession:
         receive_nowait = self.session.receive_nowait
         batch = [message]
         # Whole sizes (headers too): what the batch's frame holds, at most about that.
-        size = len(message.payload) + message.options.size
+        size = message.size
         while size < _BATCH_BYTES and len(batch) < _BATCH_MESSAGES:
             message = receive_nowait()  # type: ignore[assignment]
             if message is None:
                 break
             batch.append(message)
-            size += len(message.payload) + message.options.size
+            size += message.size
         protocol = self.protocol
         out = protocol.out  # a bytearray, extended in place
         limit = protocol.peer_max_frame_size

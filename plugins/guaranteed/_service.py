@@ -376,7 +376,7 @@ class GuaranteedService(GuaranteedMessaging):
             message = envelope.message
             accepted = []
             size = len(message.payload)
-            whole = size + message.options.size
+            whole = message.size
             for queue in index.match(message.topic):
                 if queue.refusal(size, whole) is None:
                     queue.reserve(size)
