@@ -67,6 +67,7 @@ _PUBLISH_BATCH = int(K.PUBLISH_BATCH)
 _BATCH_BYTES = 256 * 1024  # deliveries encoded per write, at most (about)
 _BATCH_MESSAGES = 4096  # and at most this many, so a batch header stays small
 _MAX_PIPELINED_SENDS = 4096  # SEND frames waiting for the sender before reading pauses
+_MAX_PIPELINED_BYTES = 64 * 1024 * 1024  # and their payload bytes, beyond the first one
 
 
 class WriteThrough:
@@ -120,6 +121,7 @@ class ServedSession:
         self._sends: deque[tuple[int, dict[str, Any], bytes]] = deque()
         self._sends_waiting = anyio.Event()
         self._sends_room = anyio.Event()
+        self._send_bytes = 0  # payload bytes appended to _sends, at least what it holds
         self._flows: dict[int, tuple[Flow, anyio.CancelScope, dict[int, Message]]] = {}
         self._flow_numbers = 0
         self._flow_done: dict[int, anyio.Event] = {}
@@ -262,7 +264,8 @@ class ServedSession:
             elif kind == K.SEND:
                 self._sends.append((request, header, payload))
                 self._sends_waiting.set()
-                while len(self._sends) >= _MAX_PIPELINED_SENDS:
+                self._send_bytes += len(payload)
+                while len(self._sends) >= _MAX_PIPELINED_SENDS or self._sends_too_large():
                     self._sends_room = anyio.Event()
                     await self._sends_room.wait()
             elif kind == K.BIND:
@@ -275,6 +278,18 @@ class ServedSession:
             raise
         except (MeshbusError, TypeError, ValueError) as exc:
             self._error(request, exc)
+
+    def _sends_too_large(self) -> bool:
+        """Whether the sends waiting for the spool hold too many bytes to read more.
+
+        Only this reader counts: what the sender took since the last look is found by
+        adding up what is left, which happens only once the count passes the bound.
+        """
+        if self._send_bytes <= _MAX_PIPELINED_BYTES:
+            return False
+        sends = self._sends
+        self._send_bytes = sum(len(payload) for _, _, payload in sends)
+        return len(sends) > 1 and self._send_bytes > _MAX_PIPELINED_BYTES
 
     def _request(self, request: int, header: dict[str, Any]) -> None:
         what = header.get("what")

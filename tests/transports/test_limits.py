@@ -20,6 +20,7 @@ from meshbus.transports import (
     RemoteFlow,
     RemoteSession,
     Server,
+    _serving,
     connect,
     start_server,
 )
@@ -148,6 +149,38 @@ async def test_a_burst_on_long_topics_reaches_a_remote_subscriber(
         assert [m.payload for m in got] == [b"%d" % i for i in range(5_000)]
         assert subscriber.connected
         assert subscriber.connects == 1
+
+
+async def test_pipelined_sends_wait_for_the_spool_within_a_byte_bound(
+    node: Node, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The node reads guaranteed sends ahead of the spool; while the spool is slow, what
+    # it holds of them must be bounded in bytes, not only in frames.
+    bound = 256 * 1024
+    monkeypatch.setattr(_serving, "_MAX_PIPELINED_BYTES", bound)
+    svc = service(node)
+    svc.create_queue("slow", subscriptions=["slow/>"])
+    spool = anyio.Event()
+    send, send_many = svc.send, svc.send_many
+
+    async def slow_send(*args: Any) -> None:
+        await spool.wait()
+        await send(*args)
+
+    async def slow_send_many(*args: Any) -> list[Exception | None]:
+        await spool.wait()
+        return await send_many(*args)
+
+    monkeypatch.setattr(svc, "send", slow_send)
+    monkeypatch.setattr(svc, "send_many", slow_send_many)
+    async with connect(server.url) as producer, anyio.create_task_group() as tg:
+        for i in range(40):  # 2.5 MiB, written at once
+            tg.start_soon(producer.send, f"slow/{i}", bytes(64 * 1024))
+        await wait_until(lambda: server.statistics().bytes_received > bound)
+        await anyio.sleep(0.2)  # what the node would read meanwhile, it has read
+        assert server.statistics().bytes_received < 4 * bound  # the rest waits in TCP
+        spool.set()
+    assert svc.store.stats("default/slow").messages == 40
 
 
 # --- defect 3: before login a connection holds little -----------------------------------------
