@@ -148,7 +148,7 @@ class HeaderLimits:
         :raises TypeError: a reply-to or correlation id that is not a string, or
             headers that cannot be measured (integers beyond 64 bits).
         """
-        return measure(headers, reply_to, correlation_id, self)[1]
+        return held_size(headers, reply_to, correlation_id, self)
 
 
 HEADER_LIMITS = HeaderLimits()
@@ -160,9 +160,26 @@ HEADER_LIMITS = HeaderLimits()
 _CONTAINER_COST = 200  # per '{' or '[': a dict with its first table, a list, a pointer
 _ITEM_COST = 32  # per ',' or ':': a number object and the pointer or table slot to it
 _QUOTE_COST = 40  # per '"': half a string object's header (UCS-4 strings are the largest)
-_STRING_COST = 80  # a str object's header, and 4 bytes per character on top
+STRING_COST = 80
+"""Bytes of memory a str object takes besides its characters (4 bytes each at most)."""
 _CONTAINERS = (dict, list, tuple)
 _count_options = orjson.OPT_NON_STR_KEYS
+
+
+def held_size(
+    headers: Mapping[str, Any] | None,
+    reply_to: str | None,
+    correlation_id: str | None,
+    limits: HeaderLimits | None,
+) -> int:
+    """The memory estimate of a message's settings (:attr:`MessageOptions.size`),
+    checked against ``limits`` unless it is ``None``. Without headers, the common case
+    of a request (a reply-to, a correlation id), it takes a few operations."""
+    if headers:
+        return measure(headers, reply_to, correlation_id, limits)[1]
+    if reply_to is None and correlation_id is None:
+        return 0
+    return texts_size(reply_to, correlation_id, 0, limits)
 
 
 def measure(
@@ -206,21 +223,34 @@ def measure(
             + _QUOTE_COST * encoded.count(b'"')
         )
     if reply_to is not None or correlation_id is not None:
-        characters = 0
-        for text in (reply_to, correlation_id):
-            if text is not None:
-                if type(text) is not str:
-                    raise TypeError(f"reply_to and correlation_id must be str, not {text!r}")
-                characters += len(text)
-                held += _STRING_COST + 4 * len(text)
-        # JSON writes a character in at most 6 bytes: count exactly only near the limit.
-        if limits is not None and len(encoded) + 6 * characters + 4 > limits.max_bytes:
-            used = len(encoded) + sum(
-                len(orjson.dumps(text)) for text in (reply_to, correlation_id) if text is not None
-            )
-            if used > limits.max_bytes:
-                raise _too_large(used, limits)
+        held += texts_size(reply_to, correlation_id, len(encoded), limits)
     return encoded, held
+
+
+def texts_size(
+    reply_to: str | None, correlation_id: str | None, used: int, limits: HeaderLimits | None
+) -> int:
+    """The memory estimate of a reply-to and a correlation id, checked against
+    ``limits`` (unless ``None``) with ``used`` bytes taken by the headers already."""
+    characters = held = 0
+    if reply_to is not None:
+        if type(reply_to) is not str:
+            raise TypeError(f"reply_to must be a str, not {reply_to!r}")
+        characters = len(reply_to)
+        held = STRING_COST
+    if correlation_id is not None:
+        if type(correlation_id) is not str:
+            raise TypeError(f"correlation_id must be a str, not {correlation_id!r}")
+        characters += len(correlation_id)
+        held += STRING_COST
+    # JSON writes a character in at most 6 bytes: count exactly only near the limit.
+    if limits is not None and used + 6 * characters + 4 > limits.max_bytes:
+        used += sum(
+            len(orjson.dumps(text)) for text in (reply_to, correlation_id) if text is not None
+        )
+        if used > limits.max_bytes:
+            raise _too_large(used, limits)
+    return held + 4 * characters
 
 
 def _opaque(value: object) -> str:
@@ -315,9 +345,7 @@ class Message:
         message_id: int | None = None,
         destination: str | None = None,
     ) -> None:
-        size = 0
-        if headers or reply_to is not None or correlation_id is not None:
-            size = measure(headers, reply_to, correlation_id, None)[1]
+        size = held_size(headers, reply_to, correlation_id, None)
         options = MessageOptions(
             delivery_mode,
             headers,

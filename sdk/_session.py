@@ -16,10 +16,13 @@ from ._messages import (
     DEFAULT_OPTIONS,
     ELIGIBLE_OPTIONS,
     HEADER_LIMITS,
+    STRING_COST,
     DeliveryMode,
     Envelope,
     Message,
     MessageOptions,
+    held_size,
+    texts_size,
 )
 from ._stash import Stash
 from ._stats import SessionStatistics
@@ -50,7 +53,8 @@ log = logging.getLogger("meshbus.session")
 MessageHandler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
 
 _DIRECT = DeliveryMode.DIRECT
-_check_headers = HEADER_LIMITS.check
+# A reply-to this long or shorter is within the header limits whatever its characters.
+_SHORT_TEXT = (HEADER_LIMITS.max_bytes - 4) // 6
 _new_message = object.__new__
 _ADMITTED_CACHE = 4096  # topics remembered as valid and allowed, per session
 
@@ -189,16 +193,28 @@ class Session:
             size = len(payload)
         else:
             # Only here, with settings to check: a plain publish pays nothing for limits.
-            headers = _NO_HEADERS if headers is None else dict(headers)
+            if headers is None:  # a request or a reply, most likely: strings only
+                headers = _NO_HEADERS
+                if correlation_id is None and type(reply_to) is str and len(reply_to) < _SHORT_TEXT:
+                    size = STRING_COST + 4 * len(reply_to)  # texts_size() of a request, inlined
+                else:
+                    size = texts_size(reply_to, correlation_id, 0, HEADER_LIMITS)
+            else:
+                headers = dict(headers)
+                size = held_size(headers, reply_to, correlation_id, HEADER_LIMITS)
             options = MessageOptions(
                 _DIRECT,
                 headers,
                 eliding_eligible,
                 reply_to,
                 correlation_id,
-                size=_check_headers(headers, reply_to, correlation_id),
+                False,
+                False,
+                None,
+                None,
+                size,
             )
-            size = len(payload) + options.size
+            size += len(payload)
         # make_message() inlined: six slot stores, no extra frame (keep them in step).
         message = _new_message(Message)
         message.topic = topic  # type: ignore[misc]
@@ -586,7 +602,7 @@ def _send_options(
         "reply_to": reply_to,
         "correlation_id": correlation_id,
         # What the headers and strings take in memory: part of the message's size.
-        "size": _check_headers(copied, reply_to, correlation_id),
+        "size": held_size(copied, reply_to, correlation_id, HEADER_LIMITS),
     }
 
 

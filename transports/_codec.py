@@ -29,7 +29,14 @@ from typing import Any
 
 import orjson
 
-from meshbus._messages import DEFAULT_OPTIONS, DeliveryMode, Message, MessageOptions, measure
+from meshbus._messages import (
+    DEFAULT_OPTIONS,
+    STRING_COST,
+    DeliveryMode,
+    Message,
+    MessageOptions,
+    held_size,
+)
 from meshbus.errors import ProtocolError
 
 from ._framing import HEADER_LIMIT, FrameKind
@@ -131,18 +138,19 @@ def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOption
         raise ProtocolError(f"unknown delivery mode {wire.get('m')!r}")
     headers = wire.get("h", {})
     _check(headers, dict, "headers")
+    # What a buffer holds of them (MessageOptions.size), as held_size() reckons it.
+    size = held_size(headers, None, None, None) if headers else 0
     reply_to = wire.get("r")
     if reply_to is not None:
         _check(reply_to, str, "reply_to")
+        size += STRING_COST + 4 * len(reply_to)
     correlation_id = wire.get("c")
     if correlation_id is not None:
         _check(correlation_id, str, "correlation_id")
+        size += STRING_COST + 4 * len(correlation_id)
     destination = wire.get("q")
     if destination is not None:
         _check(destination, str, "destination")
-    size = 0
-    if headers or reply_to is not None or correlation_id is not None:
-        size = measure(headers, reply_to, correlation_id, None)[1]  # what the buffer holds
     return MessageOptions(
         mode,
         headers,

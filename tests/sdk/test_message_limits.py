@@ -100,7 +100,7 @@ def test_reply_to_and_correlation_id_count_with_the_headers() -> None:
     with pytest.raises(PublishRejectedError):
         limits.check(None, "\x01" * 200)  # JSON writes a control character in 6 bytes
     assert limits.check(None, "é" * 400) > 0  # 2 bytes each in UTF-8
-    with pytest.raises(TypeError, match="must be str"):
+    with pytest.raises(TypeError, match="must be a str"):
         limits.check(None, 42)  # type: ignore[arg-type]
 
 
