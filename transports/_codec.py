@@ -39,7 +39,7 @@ from meshbus._messages import (
 )
 from meshbus.errors import ProtocolError
 
-from ._framing import HEADER_LIMIT, FrameKind
+from ._framing import HEADER_DEPTH_LIMIT, HEADER_LIMIT, FrameKind, too_deep
 
 __all__ = [
     "FrameTooLarge",
@@ -120,6 +120,17 @@ def options_to_wire(options: MessageOptions) -> dict[str, Any]:
     if options.destination is not None:
         wire["q"] = options.destination
     return wire
+
+
+_OPTION_DEPTH = HEADER_DEPTH_LIMIT - 3  # a batch, its entry and the options hold each value
+
+
+def _check_nesting(options: dict[str, Any]) -> None:
+    """Refuse a batch entry's options nested deeper than any frame may be: the frame
+    decoder leaves batches to this, the only part of them that can nest."""
+    for value in options.values():
+        if (type(value) is dict or type(value) is list) and too_deep(value, _OPTION_DEPTH):
+            raise ProtocolError(f"frame header is nested deeper than {HEADER_DEPTH_LIMIT} levels")
 
 
 def _check(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
@@ -350,8 +361,10 @@ def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry
         if end > total:
             raise ProtocolError("PUBLISH_BATCH sizes exceed the payload")
         options = item[2] if len(item) == 3 else None
-        if options is not None and type(options) is not dict:
-            raise ProtocolError("PUBLISH_BATCH options must be an object")
+        if options is not None:
+            if type(options) is not dict:
+                raise ProtocolError("PUBLISH_BATCH options must be an object")
+            _check_nesting(options)
         entries.append((topic, payload[offset:end], options))
         offset = end
     if offset != total:
@@ -399,6 +412,7 @@ def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
         elif n == 5:
             topic, sender, timestamp, size, wire = item
             options = options_from_wire(wire)
+            _check_nesting(wire)
         else:
             raise ProtocolError(f"DELIVER_BATCH entry has {n} items, not 4 or 5")
         if type(size) is not int or size < 0 or offset + size > total:

@@ -210,8 +210,9 @@ class FrameDecoder:
                     raise ProtocolError(f"frame header is not valid JSON: {exc}") from None
                 if (
                     head_length > _DEPTH_CHECK_FROM
+                    and kind not in _BATCHES  # their codecs check what in them can nest
                     and head.count(b"[") + head.count(b"{") > HEADER_DEPTH_LIMIT
-                    and _too_deep(header)
+                    and too_deep(header, HEADER_DEPTH_LIMIT)
                 ):
                     raise ProtocolError(
                         f"frame header is nested deeper than {HEADER_DEPTH_LIMIT} levels"
@@ -240,18 +241,24 @@ def _refused(kind: int) -> ProtocolError:
 
 
 _DEPTH_CHECK_FROM = 2 * HEADER_DEPTH_LIMIT  # a shorter header cannot be too deep
+# A batch holds one array per message; walking thousands of them to find the depth
+# would cost more than decoding them, and only a message's options can nest anyway.
+_BATCHES = frozenset({FrameKind.PUBLISH_BATCH, FrameKind.DELIVER_BATCH})
 
 
-def _too_deep(header: Any) -> bool:
-    """Whether ``header`` nests arrays and objects more than :data:`HEADER_DEPTH_LIMIT` deep."""
-    level = [header]
-    for _ in range(HEADER_DEPTH_LIMIT):  # level: the values inside that many containers
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep (level by level,
+    not recursively: a hostile value must not exhaust the stack)."""
+    if type(value) is not list and type(value) is not dict:
+        return False
+    level = [value]  # the containers inside as many others as this loop went round
+    for _ in range(limit):
         level = [
             child
-            for value in level
-            if type(value) is list or type(value) is dict
-            for child in (value.values() if type(value) is dict else value)
+            for container in level
+            for child in (container.values() if type(container) is dict else container)
+            if type(child) is list or type(child) is dict
         ]
         if not level:
             return False
-    return any(type(value) is list or type(value) is dict for value in level)
+    return True

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import struct
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -569,3 +571,30 @@ def test_options_read_from_the_wire_carry_what_their_headers_hold() -> None:
     options = options_from_wire({"h": headers, "r": "a/b", "c": "42"})
     assert options.size == HEADER_LIMITS.check(headers, "a/b", "42") > 100
     assert options_from_wire({"e": True}).size == 0
+
+
+def nested_value(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_batch_options_may_nest_as_deep_as_message_headers_and_no_deeper() -> None:
+    # A batch's own structure is flat; only an entry's options can nest, so the batch
+    # decoders check them (the frame decoder leaves batch frames to them).
+    depth = HEADER_LIMITS.max_depth
+    at_limit = {"h": {"k": nested_value(depth - 1)}}  # headers `depth` levels deep
+    too_deep = {"h": {"k": nested_value(depth)}}
+    assert decode_publish_batch([["t", 0, at_limit]], b"")[0][2] == at_limit
+    for options in (too_deep, {"x": nested_value(depth + 1)}):
+        with pytest.raises(ProtocolError, match="nested deeper than"):
+            decode_publish_batch([["t", 0, options]], b"")
+    assert decode_deliver_batch([["t", None, 0, 0, at_limit]], b"")[0].headers == at_limit["h"]
+    with pytest.raises(ProtocolError, match="nested deeper than"):
+        decode_deliver_batch([["t", None, 0, 0, too_deep]], b"")
+    # The frame decoder checks any other frame as a whole (a PUBLISH wraps two levels).
+    head = orjson.dumps(["t", {"h": {"k": nested_value(depth + 1)}}])
+    frame = struct.pack("!IBI", 5 + len(head), K.PUBLISH, len(head)) + head
+    with pytest.raises(ProtocolError, match="nested deeper than"):
+        FrameDecoder(1 << 20).feed(frame)
