@@ -125,12 +125,11 @@ def options_to_wire(options: MessageOptions) -> dict[str, Any]:
 _OPTION_DEPTH = HEADER_DEPTH_LIMIT - 3  # a batch, its entry and the options hold each value
 
 
-def _check_nesting(options: dict[str, Any]) -> None:
-    """Refuse a batch entry's options nested deeper than any frame may be: the frame
-    decoder leaves batches to this, the only part of them that can nest."""
-    for value in options.values():
-        if (type(value) is dict or type(value) is list) and too_deep(value, _OPTION_DEPTH):
-            raise ProtocolError(f"frame header is nested deeper than {HEADER_DEPTH_LIMIT} levels")
+def _check_nesting(value: Any) -> None:
+    """Refuse a value of a batch entry's options (a container) nested deeper than any
+    frame may be: the frame decoder leaves batches to this, as only options can nest."""
+    if too_deep(value, _OPTION_DEPTH):
+        raise ProtocolError(f"frame header is nested deeper than {HEADER_DEPTH_LIMIT} levels")
 
 
 def _check(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
@@ -364,7 +363,9 @@ def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry
         if options is not None:
             if type(options) is not dict:
                 raise ProtocolError("PUBLISH_BATCH options must be an object")
-            _check_nesting(options)
+            for value in options.values():  # only a container calls: most hold none
+                if type(value) is dict or type(value) is list:
+                    _check_nesting(value)
         entries.append((topic, payload[offset:end], options))
         offset = end
     if offset != total:
@@ -412,7 +413,9 @@ def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
         elif n == 5:
             topic, sender, timestamp, size, wire = item
             options = options_from_wire(wire)
-            _check_nesting(wire)
+            for value in wire.values():  # only a container calls: most hold none
+                if type(value) is dict or type(value) is list:
+                    _check_nesting(value)
         else:
             raise ProtocolError(f"DELIVER_BATCH entry has {n} items, not 4 or 5")
         if type(size) is not int or size < 0 or offset + size > total:
