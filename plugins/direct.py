@@ -85,7 +85,7 @@ class DirectRouter:
                 # Egress.push inlined, the common case without a call (keep them in step).
                 queue = egress._queue
                 queue.append(message)
-                size = egress._bytes + len(message.payload)
+                size = egress._bytes + message.size
                 egress._bytes = size
                 if size > egress.max_bytes or len(queue) > egress.max_messages:
                     egress._shed()

@@ -21,7 +21,14 @@ from ._links import (
     Stage,
 )
 from ._logins import LoginGuard
-from ._messages import DeliveryMode, Envelope, Message, MessageOptions
+from ._messages import (
+    HEADER_LIMITS,
+    DeliveryMode,
+    Envelope,
+    HeaderLimits,
+    Message,
+    MessageOptions,
+)
 from ._node import DEFAULT_PLUGINS, Node
 from ._pipeline import Pipeline, Router
 from ._plugins import ENTRY_POINT_GROUP, PluginManager, available_plugins
@@ -74,6 +81,7 @@ logging.getLogger("meshbus").addHandler(logging.NullHandler())
 __all__ = [
     "DEFAULT_PLUGINS",
     "ENTRY_POINT_GROUP",
+    "HEADER_LIMITS",
     "QUEUE_TOPIC_PREFIX",
     "AccessDeniedError",
     "AclAction",
@@ -89,6 +97,7 @@ __all__ = [
     "DeliveryMode",
     "Egress",
     "Envelope",
+    "HeaderLimits",
     "InvalidTopicError",
     "LimitExceededError",
     "Link",

@@ -4,6 +4,9 @@ Delivery appends without awaiting; when the buffer is over its message or
 byte limit the **oldest** messages are discarded and the next message the
 consumer takes carries ``discard_indication=True``. The consumer waits only
 when the buffer is empty, and then drains without further checkpoints.
+
+Bytes are whole sizes (:attr:`Message.size <meshbus.Message.size>`): the payload
+and what its headers take in memory, so headers cannot fill a buffer unseen.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class Egress:
 
     @property
     def bytes(self) -> int:
-        """Payload bytes waiting."""
+        """Bytes waiting: the messages' whole sizes (payloads and headers)."""
         return self._bytes
 
     def push(self, message: Message) -> None:
@@ -68,7 +71,7 @@ class Egress:
         # The direct router inlines this body (plugins/direct.py): keep them in step.
         queue = self._queue
         queue.append(message)
-        size = self._bytes + len(message.payload)
+        size = self._bytes + message.size
         self._bytes = size
         if size > self.max_bytes or len(queue) > self.max_messages:
             self._shed()
@@ -95,7 +98,7 @@ class Egress:
         # (so a consumer that keeps up still gets it) and is the next to go.
         queue = self._queue
         while len(queue) > 1 and (len(queue) > self.max_messages or self._bytes > self.max_bytes):
-            self._bytes -= len(queue.popleft().payload)
+            self._bytes -= queue.popleft().size
             self.discarded += 1
             self._discard_pending = True
 
@@ -107,7 +110,7 @@ class Egress:
         if not queue:
             return None
         message = queue.popleft()
-        self._bytes -= len(message.payload)
+        self._bytes -= message.size
         if self._discard_pending:
             self._discard_pending = False
             message = message.evolve(discard_indication=True)

@@ -598,5 +598,6 @@ def with_origin(message: Message, origin: tuple[str, int]) -> Message:
         origin,
         o.hop_count,
         o.expires_at,
+        o.size,
     )
     return make_message(message.topic, message.payload, message.sender, message.timestamp, options)

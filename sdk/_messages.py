@@ -10,6 +10,15 @@ flag) are made with :meth:`Message.evolve` on the rare paths that need them.
 
 Per-hop mutable state (hop count, the link a message came in on) lives in the
 internal :class:`Envelope`, never in the message.
+
+What a message may carry besides its topic and payload is bounded by one
+:class:`HeaderLimits` value, :data:`HEADER_LIMITS`, applied wherever messages come in
+(sessions in the process, a node's connections, a remote client before it sends), so
+that whatever one side accepts every other side can carry (SPEC 10). Checking the
+headers also estimates the memory they take once parsed; that estimate travels in
+:attr:`MessageOptions.size`, and :attr:`Message.size`, the whole size that egress
+buffers and spool limits count, adds it to the payload's length once, when the
+message is made, rather than at every delivery.
 """
 
 from __future__ import annotations
@@ -19,8 +28,19 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import orjson
 
-__all__ = ["DeliveryMode", "Envelope", "Message", "MessageOptions", "make_message"]
+from .errors import ConfigurationError, PublishRejectedError
+
+__all__ = [
+    "HEADER_LIMITS",
+    "DeliveryMode",
+    "Envelope",
+    "HeaderLimits",
+    "Message",
+    "MessageOptions",
+    "make_message",
+]
 
 
 class DeliveryMode(enum.Enum):
@@ -72,10 +92,217 @@ class MessageOptions:
     expires_at: float | None = None
     """When it expires on this node's clock (``clock.time()`` seconds), or ``None``; on the
     wire it travels as the time left, so nodes need not agree on the time."""
+    size: int = attrs.field(default=0, eq=False, repr=False)
+    """Bytes of memory the headers, reply-to and correlation id take, as estimated when
+    the message came in (0 without them); part of :attr:`Message.size`. Derived from
+    the other settings, so it takes no part in comparisons."""
 
 
 DEFAULT_OPTIONS = MessageOptions()
 ELIGIBLE_OPTIONS = MessageOptions(eliding_eligible=True)
+
+
+# --- header limits ------------------------------------------------------------------
+
+
+def _bytes_limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"HeaderLimits.{attribute.name} must be an int >= 1, got {value!r}"
+        )
+
+
+def _depth_limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    # orjson writes at most 254 levels, and a frame wraps headers in up to three more.
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 250:
+        raise ConfigurationError(
+            f"HeaderLimits.{attribute.name} must be an int from 1 to 250, got {value!r}"
+        )
+
+
+@attrs.frozen
+class HeaderLimits:
+    """What one message may carry besides its topic and payload (SPEC 10).
+
+    A message whose headers, reply-to and correlation id break these limits is
+    refused with :class:`~meshbus.PublishRejectedError` where it comes in, so
+    what a node accepts it can always write to a subscriber, and what a client
+    sends the node accepts. The transports derive their frame limits from
+    :data:`HEADER_LIMITS`, with room for what they wrap around a message.
+    """
+
+    max_bytes: int = attrs.field(default=64 * 1024, validator=_bytes_limit)
+    """Most bytes the headers, reply-to and correlation id of one message take
+    together, written as JSON."""
+    max_depth: int = attrs.field(default=32, validator=_depth_limit)
+    """Deepest nesting of objects and arrays in the headers; the headers object
+    itself is level 1, so ``{"a": [1]}`` is 2 deep."""
+
+    def check(
+        self,
+        headers: Mapping[str, Any] | None,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> int:
+        """Refuse settings over the limits; return the memory they take, in bytes.
+
+        The result is an estimate of what the parsed headers and the two strings
+        hold in memory (an upper bound for values read from JSON), the
+        :attr:`MessageOptions.size` of a message carrying them. Values JSON cannot
+        hold, which an in-process publisher may use, are measured by their length
+        (bytes) or their text (anything else).
+
+        :raises PublishRejectedError: ``"headers-too-large"`` or ``"headers-too-deep"``,
+            with the limit and the size found (bytes, or levels).
+        :raises TypeError: a reply-to or correlation id that is not a string, or
+            headers that cannot be measured (integers beyond 64 bits).
+        """
+        return held_size(headers, reply_to, correlation_id, self)
+
+
+HEADER_LIMITS = HeaderLimits()
+"""The limits every meshbus node and client applies to message headers."""
+
+# Bytes of memory per JSON token, at least: a parsed value never takes more than
+# the JSON length plus these (measured with CPython 3.11 and orjson over every kind of
+# value, the worst being small objects, empty containers and non-ASCII strings).
+_CONTAINER_COST = 200  # per '{' or '[': a dict with its first table, a list, a pointer
+_ITEM_COST = 32  # per ',' or ':': a number object and the pointer or table slot to it
+_QUOTE_COST = 40  # per '"': half a string object's header (UCS-4 strings are the largest)
+STRING_COST = 80
+"""Bytes of memory a str object takes besides its characters (4 bytes each at most)."""
+_CONTAINERS = (dict, list, tuple)
+_count_options = orjson.OPT_NON_STR_KEYS
+
+
+def held_size(
+    headers: Mapping[str, Any] | None,
+    reply_to: str | None,
+    correlation_id: str | None,
+    limits: HeaderLimits | None,
+) -> int:
+    """The memory estimate of a message's settings (:attr:`MessageOptions.size`),
+    checked against ``limits`` unless it is ``None``. Without headers, the common case
+    of a request (a reply-to, a correlation id), it takes a few operations."""
+    if headers:
+        return measure(headers, reply_to, correlation_id, limits)[1]
+    if reply_to is None and correlation_id is None:
+        return 0
+    return texts_size(reply_to, correlation_id, 0, limits)
+
+
+def measure(
+    headers: Mapping[str, Any] | None,
+    reply_to: str | None,
+    correlation_id: str | None,
+    limits: HeaderLimits | None,
+    *,
+    strict: bool = False,
+) -> tuple[bytes, int]:
+    """``(headers as JSON, memory estimate)`` of a message's settings, checked against
+    ``limits`` unless it is ``None``. With ``strict`` the headers must be JSON as they
+    are (what a client is about to send); otherwise other values are measured as
+    :meth:`HeaderLimits.check` describes."""
+    encoded = b""
+    held = 0
+    if headers:
+        try:
+            if strict:
+                encoded = orjson.dumps(headers)
+            else:
+                encoded = orjson.dumps(headers, default=_opaque, option=_count_options)
+        except orjson.JSONEncodeError as exc:
+            # orjson stops at 255 levels (a cycle never ends): too deep, whatever the limit.
+            if limits is not None and _depth(headers, limits.max_depth) > limits.max_depth:
+                raise _too_deep(headers, limits) from None
+            raise TypeError(f"message headers must be JSON-serializable: {exc}") from None
+        if limits is not None:
+            if len(encoded) > limits.max_bytes:
+                raise _too_large(len(encoded), limits)
+            # A value cannot be nested deeper than it has brackets: most headers skip the walk.
+            if (
+                encoded.count(b"{") + encoded.count(b"[") > limits.max_depth
+                and _depth(headers, limits.max_depth) > limits.max_depth
+            ):
+                raise _too_deep(headers, limits)
+        held = (
+            len(encoded)
+            + _CONTAINER_COST * (encoded.count(b"{") + encoded.count(b"["))
+            + _ITEM_COST * (encoded.count(b",") + encoded.count(b":"))
+            + _QUOTE_COST * encoded.count(b'"')
+        )
+    if reply_to is not None or correlation_id is not None:
+        held += texts_size(reply_to, correlation_id, len(encoded), limits)
+    return encoded, held
+
+
+def texts_size(
+    reply_to: str | None, correlation_id: str | None, used: int, limits: HeaderLimits | None
+) -> int:
+    """The memory estimate of a reply-to and a correlation id, checked against
+    ``limits`` (unless ``None``) with ``used`` bytes taken by the headers already."""
+    characters = held = 0
+    if reply_to is not None:
+        if type(reply_to) is not str:
+            raise TypeError(f"reply_to must be a str, not {reply_to!r}")
+        characters = len(reply_to)
+        held = STRING_COST
+    if correlation_id is not None:
+        if type(correlation_id) is not str:
+            raise TypeError(f"correlation_id must be a str, not {correlation_id!r}")
+        characters += len(correlation_id)
+        held += STRING_COST
+    # JSON writes a character in at most 6 bytes: count exactly only near the limit.
+    if limits is not None and used + 6 * characters + 4 > limits.max_bytes:
+        used += sum(
+            len(orjson.dumps(text)) for text in (reply_to, correlation_id) if text is not None
+        )
+        if used > limits.max_bytes:
+            raise _too_large(used, limits)
+    return held + 4 * characters
+
+
+def _opaque(value: object) -> str:
+    """How a value JSON cannot hold is measured: bytes by their length, others as text."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return " " * len(value)
+    return str(value)
+
+
+def _depth(value: object, cap: int) -> int:
+    """How deep ``value`` nests dicts, lists and tuples (0 for a scalar), up to ``cap + 1``.
+    Level by level, not recursively: a hostile value must not exhaust the stack."""
+    depth = 0
+    level = [value]
+    while depth <= cap:
+        containers = [v for v in level if isinstance(v, _CONTAINERS)]
+        if not containers:
+            break
+        depth += 1
+        level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
+def _too_large(size: int, limits: HeaderLimits) -> PublishRejectedError:
+    return PublishRejectedError(
+        "headers-too-large",
+        f"headers, reply-to and correlation id take {size} bytes as JSON, "
+        f"more than {limits.max_bytes}",
+        limits.max_bytes,
+        size,
+    )
+
+
+def _too_deep(headers: object, limits: HeaderLimits) -> PublishRejectedError:
+    depth = _depth(headers, 1024)
+    found = f"{depth} levels" if depth <= 1024 else "more than 1024 levels"
+    return PublishRejectedError(
+        "headers-too-deep",
+        f"headers are nested {found} deep, more than {limits.max_depth}",
+        limits.max_depth,
+        depth if depth <= 1024 else None,
+    )
+
 
 if TYPE_CHECKING:
     from attrs import frozen as _value
@@ -106,6 +333,10 @@ class Message:
     guaranteed message carries the time the node took it."""
     options: MessageOptions
     """The rarely changed settings, shared between messages that have the same."""
+    size: int = attrs.field(eq=False)
+    """Bytes counted against egress and spool limits: the payload's length plus the
+    memory its headers, reply-to and correlation id take (:attr:`MessageOptions.size`).
+    Worked out once, when the message is made: buffers read it at every delivery."""
 
     def __init__(
         self,
@@ -126,6 +357,7 @@ class Message:
         hop_count: int = 0,
         expires_at: float | None = None,
     ) -> None:
+        size = held_size(headers, reply_to, correlation_id, None)
         options = MessageOptions(
             delivery_mode,
             headers,
@@ -139,6 +371,7 @@ class Message:
             origin,
             hop_count,
             expires_at,
+            size,
         )
         if options == DEFAULT_OPTIONS:  # share the common ones
             options = DEFAULT_OPTIONS
@@ -147,6 +380,7 @@ class Message:
         self.sender = sender  # type: ignore[misc]
         self.timestamp = timestamp  # type: ignore[misc]
         self.options = options  # type: ignore[misc]
+        self.size = len(payload) + size  # type: ignore[misc]
 
     @property
     def delivery_mode(self) -> DeliveryMode:
@@ -215,24 +449,28 @@ class Message:
             "payload": self.payload,
             "sender": self.sender,
             "timestamp": self.timestamp,
-            **attrs.asdict(self.options, recurse=False),
         }
-        unknown = set(changes) - set(current)
+        settings = attrs.asdict(self.options, recurse=False)
+        size = settings.pop("size")
+        unknown = set(changes) - set(current) - set(settings)
         if unknown:
             raise TypeError(f"Message has no field(s) {', '.join(sorted(unknown))}")
-        current.update(changes)
-        return Message(**current)
-
-    @property
-    def size(self) -> int:
-        """Bytes counted against egress limits: the payload length."""
-        return len(self.payload)
+        if not _MEASURED.isdisjoint(changes):
+            return Message(**{**current, **settings, **changes})
+        for name, value in changes.items():
+            (current if name in current else settings)[name] = value
+        options = MessageOptions(**settings, size=size)
+        if options == DEFAULT_OPTIONS and not size:
+            options = DEFAULT_OPTIONS
+        return make_message(
+            current["topic"], current["payload"], current["sender"], current["timestamp"], options
+        )
 
     def __repr__(self) -> str:
         changed = [
             f"{name}={value!r}"
             for name, value in attrs.asdict(self.options, recurse=False).items()
-            if value != getattr(DEFAULT_OPTIONS, name)
+            if value != getattr(DEFAULT_OPTIONS, name) and name != "size"
         ]
         extra = "".join(", " + c for c in changed)
         return (
@@ -242,6 +480,7 @@ class Message:
 
 
 _new = object.__new__
+_MEASURED = frozenset({"headers", "reply_to", "correlation_id"})
 
 
 def make_message(
@@ -251,13 +490,14 @@ def make_message(
     timestamp: float | None,
     options: MessageOptions,
 ) -> Message:
-    """The publish path's constructor: five slot stores, no argument processing."""
+    """The publish path's constructor: six slot stores, no argument processing."""
     message: Message = _new(Message)
     message.topic = topic  # type: ignore[misc]
     message.payload = payload  # type: ignore[misc]
     message.sender = sender  # type: ignore[misc]
     message.timestamp = timestamp  # type: ignore[misc]
     message.options = options  # type: ignore[misc]
+    message.size = len(payload) + options.size  # type: ignore[misc]
     return message
 
 

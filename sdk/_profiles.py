@@ -66,7 +66,8 @@ class ClientProfile:
     egress_max_messages: int = attrs.field(default=10_000, validator=_positive)
     """Most direct messages waiting for one slow consumer; beyond it the oldest is discarded."""
     egress_max_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_positive)
-    """Most payload bytes waiting for one slow consumer."""
+    """Most bytes waiting for one slow consumer, each message counted by its whole
+    :attr:`~meshbus.Message.size` (payload and headers)."""
     allow_shared_subscriptions: bool = attrs.field(default=True, validator=_flag)
     """Whether sessions may add ``#share/`` subscriptions (SPEC 3)."""
     allow_bridge_connections: bool = attrs.field(default=False, validator=_flag)

@@ -15,10 +15,14 @@ from ._messages import _EMPTY_HEADERS as _NO_HEADERS
 from ._messages import (
     DEFAULT_OPTIONS,
     ELIGIBLE_OPTIONS,
+    HEADER_LIMITS,
+    STRING_COST,
     DeliveryMode,
     Envelope,
     Message,
     MessageOptions,
+    held_size,
+    texts_size,
 )
 from ._stash import Stash
 from ._stats import SessionStatistics
@@ -50,6 +54,8 @@ log = logging.getLogger("meshbus.session")
 MessageHandler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
 
 _DIRECT = DeliveryMode.DIRECT
+# A reply-to this long or shorter is within the header limits whatever its characters.
+_SHORT_TEXT = (HEADER_LIMITS.max_bytes - 4) // 6
 _new_message = object.__new__
 _ADMITTED_CACHE = 4096  # topics remembered as valid and allowed, per session
 
@@ -175,6 +181,9 @@ class Session:
 
         :raises InvalidTopicError: the topic is not valid (SPEC 1).
         :raises AccessDeniedError: the ACL profile denies publishing to it.
+        :raises PublishRejectedError: the headers, reply-to and correlation id are over
+            the :data:`~meshbus.HEADER_LIMITS` (``"headers-too-large"``,
+            ``"headers-too-deep"``).
         :raises StateError: the session is closed.
         """
         if topic not in self._admitted:
@@ -183,21 +192,42 @@ class Session:
             payload = as_bytes(payload)
         if headers is None and reply_to is None and correlation_id is None:
             options = ELIGIBLE_OPTIONS if eliding_eligible else DEFAULT_OPTIONS
+            size = len(payload)
         else:
+            # Only here, with settings to check: a plain publish pays nothing for limits.
+            if headers is None:  # a request or a reply, most likely: strings only
+                headers = _NO_HEADERS
+                if correlation_id is None and type(reply_to) is str and len(reply_to) < _SHORT_TEXT:
+                    size = STRING_COST + 4 * len(reply_to)  # texts_size() of a request, inlined
+                else:
+                    size = texts_size(reply_to, correlation_id, 0, HEADER_LIMITS)
+            else:
+                headers = dict(headers)
+                size = held_size(headers, reply_to, correlation_id, HEADER_LIMITS)
             options = MessageOptions(
                 _DIRECT,
-                _NO_HEADERS if headers is None else dict(headers),
+                headers,
                 eliding_eligible,
                 reply_to,
                 correlation_id,
+                False,
+                False,
+                None,
+                None,
+                None,
+                0,
+                None,
+                size,
             )
-        # make_message() inlined: five slot stores, no extra frame (keep them in step).
+            size += len(payload)
+        # make_message() inlined: six slot stores, no extra frame (keep them in step).
         message = _new_message(Message)
         message.topic = topic  # type: ignore[misc]
         message.payload = payload  # type: ignore[misc]
         message.sender = self.client_name  # type: ignore[misc]
         message.timestamp = self._time() if self.timestamps else None  # type: ignore[misc]
         message.options = options  # type: ignore[misc]
+        message.size = size  # type: ignore[misc]
         self.published += 1
         # Inlined Vpn.dispatch: this is the per-message path.
         vpn = self.vpn
@@ -237,7 +267,8 @@ class Session:
 
         :param ttl: seconds until it expires, for endpoints that respect TTL.
         :raises PublishRejectedError: an endpoint that rejects on discard could not
-            take it, or it is too large; nothing was stored.
+            take it, it is too large (its payload and headers count), or its headers
+            are over the :data:`~meshbus.HEADER_LIMITS`; nothing was stored.
         :raises ConfigurationError: no plugin provides guaranteed messaging.
         """
         if topic not in self._admitted:
@@ -263,8 +294,13 @@ class Session:
         order: ``None`` once it is held (acked), or the exception that rejected it
         (:class:`PublishRejectedError`, :class:`InvalidTopicError`,
         :class:`AccessDeniedError`); a rejected message does not stop the others.
+
+        :raises PublishRejectedError: the options all messages share are refused
+            (headers over the :data:`~meshbus.HEADER_LIMITS`, an invalid ``ttl``);
+            nothing was sent.
         """
         self._check_open()
+        options = _send_options(persistent, headers, ttl, False, None, None)
         batch: list[tuple[str, bytes]] = []
         results: list[Exception | None] = []
         for topic, payload in messages:
@@ -276,11 +312,7 @@ class Session:
                 continue
             results.append(None)
             batch.append((topic, as_bytes(payload)))
-        sent = iter(
-            await self.node.guaranteed.send_many(
-                self, batch, _send_options(persistent, headers, ttl, False, None, None)
-            )
-        )
+        sent = iter(await self.node.guaranteed.send_many(self, batch, options))
         return [next(sent) if r is None else r for r in results]
 
     async def send_to_queue(
@@ -298,8 +330,8 @@ class Session:
 
         :raises AccessDeniedError: the ACL profile denies publishing to the queue's
             topic, ``#P2P/QUE/<queue>``; nothing was stored.
-        :raises PublishRejectedError: no such queue, ingress disabled, over quota or
-            too large; nothing was stored.
+        :raises PublishRejectedError: no such queue, ingress disabled, over quota, too
+            large, or headers over the :data:`~meshbus.HEADER_LIMITS`; nothing was stored.
         """
         self._check_open()
         await self.node.guaranteed.send_to_queue(
@@ -491,7 +523,7 @@ class Session:
         egress = self._egress
         if queue and self._receivable and not egress._discard_pending:
             message = queue.popleft()
-            egress._bytes -= len(message.payload)
+            egress._bytes -= message.size
             if not queue and egress.on_drained is not None:
                 egress.on_drained()
             self.delivered += 1
@@ -611,13 +643,16 @@ def _send_options(
     correlation_id: str | None,
 ) -> dict[str, Any]:
     check_ttl(ttl)
+    copied = dict(headers) if headers else {}
     return {
         "persistent": persistent,
-        "headers": dict(headers) if headers else {},
+        "headers": copied,
         "ttl": ttl,
         "eliding_eligible": eliding_eligible,
         "reply_to": reply_to,
         "correlation_id": correlation_id,
+        # What the headers and strings take in memory: part of the message's size.
+        "size": held_size(copied, reply_to, correlation_id, HEADER_LIMITS),
     }
 
 

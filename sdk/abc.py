@@ -86,7 +86,11 @@ class GuaranteedMessaging(ABC):
 
     A plugin registers one per node with :meth:`meshbus.Node.provide_guaranteed`;
     :meth:`meshbus.Session.send`, :meth:`~meshbus.Session.send_to_queue` and
-    :meth:`~meshbus.Session.bind` delegate to it.
+    :meth:`~meshbus.Session.bind` delegate to it. The ``options`` they pass hold
+    ``persistent``, ``headers``, ``ttl``, ``eliding_eligible``, ``reply_to``,
+    ``correlation_id`` and ``size``: the bytes the headers and strings take, checked
+    against :data:`meshbus.HEADER_LIMITS` already, so that a message's whole size
+    (:attr:`meshbus.Message.size`) is its payload's length plus ``size``.
     """
 
     @abstractmethod

@@ -6,6 +6,13 @@ backoff (1 s doubling to 2 min, jittered, without limit), logs in again and
 restores its subscriptions and flows. While it is away, direct publishes are
 dropped and counted (direct messaging is at most once); guaranteed sends wait
 and are sent again once it is back (at least once).
+
+A client checks what it sends as the node will: headers against
+:data:`meshbus.HEADER_LIMITS`, and every frame against the largest frame the node
+said at login that it reads. What would not pass is refused locally with
+:class:`~meshbus.PublishRejectedError` (``"too-large"``), so the node never has to
+drop the connection over it, and a send waiting across a reconnect is checked
+again against the node it reaches.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import anyio.abc
 
 from meshbus._egress import Egress
 from meshbus._messages import Message
-from meshbus._session import MessageHandler, as_bytes, check_ttl
+from meshbus._session import MessageHandler, as_bytes
 from meshbus._topics import parse_subscription, validate_topic
 from meshbus.errors import (
     AccessDeniedError,
@@ -39,17 +46,18 @@ from meshbus.errors import (
 )
 
 from ._backoff import Backoff
-from ._codec import (
-    PublishEntry,
-    decode_deliver,
-    decode_deliver_batch,
-    decode_flow_deliver,
-    encode_publish_batch,
-    publish_options,
-)
+from ._codec import PublishEntry, decode_deliver, decode_deliver_batch, decode_flow_deliver
 from ._compression import ALGORITHMS
 from ._connection import Connection, unwrap_errors
-from ._framing import FrameKind
+from ._framing import FRAME_HEADROOM, FrameKind
+from ._outgoing import (
+    PUBLISH_OVERHEAD,
+    check_publish,
+    encode_publishes,
+    send_header,
+    send_refusal,
+    wire_options,
+)
 from ._protocol import LinkProtocol, LinkState, Role
 from ._remote_flow import RemoteFlow, Request
 from ._settings import MAX_FRAME_SIZE, TlsSettings
@@ -94,7 +102,7 @@ class RemoteSession:
         max_buffered_messages: int = 100_000,
         max_buffered_bytes: int = 64 * 1024 * 1024,
         max_send_buffer: int = 16 * 1024 * 1024,
-        max_frame_size: int = MAX_FRAME_SIZE,
+        max_frame_size: int = MAX_FRAME_SIZE + FRAME_HEADROOM,
     ) -> None:
         self.url = url
         self.vpn = vpn
@@ -110,7 +118,11 @@ class RemoteSession:
         self.backoff = backoff or Backoff()
         self.connect_timeout = connect_timeout
         self.max_send_buffer = max_send_buffer
+        #: The largest frame this client reads (it tells the node at login).
         self.max_frame_size = max_frame_size
+        #: The largest frame the node reads, as it said at the last login.
+        self.node_max_frame_size = MAX_FRAME_SIZE
+        self._publish_room = MAX_FRAME_SIZE - PUBLISH_OVERHEAD  # payload + options, unchecked
         self._egress = Egress(max_buffered_messages, max_buffered_bytes)
         self._handler: Callable[[Message], None] | None = None
         self._async_handler: Callable[[Message], Awaitable[None]] | None = None
@@ -267,7 +279,9 @@ class RemoteSession:
         self._connected = True
         self.connects += 1
         self.backoff.reset()
-        self._restore()
+        self.node_max_frame_size = protocol.peer_max_frame_size
+        self._publish_room = protocol.peer_max_frame_size - PUBLISH_OVERHEAD
+        self._restore()  # checks waiting sends against this node's limit
         for frame in connection.early:
             self._on_frame(*frame)
         await connection.flush()
@@ -468,7 +482,11 @@ class RemoteSession:
             return
         out = self._protocol.out
         for start in range(0, len(pending), _BATCH_MESSAGES):
-            out += encode_publish_batch(pending[start : start + _BATCH_MESSAGES])
+            chunk = pending[start : start + _BATCH_MESSAGES]
+            # Published for a node that read more, before a reconnect, some may not fit:
+            # they are dropped and reported like a refusal from the node.
+            for refusal in encode_publishes(chunk, out, self.node_max_frame_size, self.url):
+                self._defer(refusal)
         pending.clear()
         self._pending_bytes = 0
 
@@ -479,8 +497,15 @@ class RemoteSession:
             self._kick.set()
 
     def _send_request(self, request: Request) -> int:
-        request_id = next(self._ids)
+        """Send ``request`` now (or once connected); 0 when it is refused at once."""
         kind, header, payload = request.frame
+        if kind == K.SEND:
+            refusal = send_refusal(header, payload, self.node_max_frame_size, self.url)
+            if refusal is not None:  # the node would close the connection over it
+                request.result = refusal
+                request.done.set()
+                return 0
+        request_id = next(self._ids)
         self._requests[request_id] = request
         if self._connected and self._protocol is not None:
             self._encode_pending()  # keep the order the application made its calls in
@@ -539,6 +564,9 @@ class RemoteSession:
         and raised by the next :meth:`confirm`.
 
         :raises InvalidTopicError: the topic is not valid.
+        :raises PublishRejectedError: the headers are over :data:`meshbus.HEADER_LIMITS`,
+            or the message is larger than the node reads (``"too-large"``).
+        :raises TypeError: the headers are not JSON-serializable.
         :raises LimitExceededError: more than ``max_send_buffer`` bytes are waiting to
             be written (``await session.flush()`` and publish again).
         :raises StateError: the session is closed.
@@ -559,12 +587,18 @@ class RemoteSession:
             if len(self._admitted) >= 4096:
                 self._admitted.clear()
             self._admitted[topic] = None
+        size = len(payload)
         if headers is None and not eliding_eligible and reply_to is None and correlation_id is None:
+            if size > self._publish_room:  # near the node's frame limit: measure the frame
+                check_publish(topic, payload, None, self.node_max_frame_size, self.url)
             self._pending.append((topic, payload, None))
         else:
-            options = publish_options(headers, eliding_eligible, reply_to, correlation_id)
+            options, extra = wire_options(headers, eliding_eligible, reply_to, correlation_id)
+            size += extra
+            if size > self._publish_room:
+                check_publish(topic, payload, options, self.node_max_frame_size, self.url)
             self._pending.append((topic, payload, options))
-        self._pending_bytes += len(payload)
+        self._pending_bytes += size
         self.published += 1
         self._kick.set()
 
@@ -672,9 +706,14 @@ class RemoteSession:
         reply_to: str | None = None,
         correlation_id: str | None = None,
     ) -> None:
-        """Publish a guaranteed message; returns once the node holds it (SPEC 4)."""
+        """Publish a guaranteed message; returns once the node holds it (SPEC 4).
+
+        :raises PublishRejectedError: the node refused it, or it is larger than the
+            node reads (refused here, ``"too-large"``), or its headers are over
+            :data:`meshbus.HEADER_LIMITS`.
+        """
         validate_topic(topic)
-        header = _send_header(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id)
+        header = send_header(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id)
         header["topic"] = topic
         await self._request(K.SEND, header, as_bytes(payload))
 
@@ -690,7 +729,7 @@ class RemoteSession:
         correlation_id: str | None = None,
     ) -> None:
         """Publish a guaranteed message to one queue by name."""
-        header = _send_header(persistent, headers, ttl, False, reply_to, correlation_id)
+        header = send_header(persistent, headers, ttl, False, reply_to, correlation_id)
         header["queue"] = queue
         await self._request(K.SEND, header, as_bytes(payload))
 
@@ -704,7 +743,7 @@ class RemoteSession:
     ) -> list[Exception | None]:
         """Publish many guaranteed messages, pipelined; one result per message, in order."""
         self._check_open()
-        base = _send_header(persistent, headers, ttl, False, None, None)
+        base = send_header(persistent, headers, ttl, False, None, None)
         requests: list[Request | Exception] = []
         for topic, payload in messages:
             try:
@@ -809,19 +848,3 @@ def connect(
         backoff=backoff,
         connect_timeout=connect_timeout,
     )
-
-
-def _send_header(
-    persistent: bool,
-    headers: Mapping[str, Any] | None,
-    ttl: float | None,
-    eliding_eligible: bool,
-    reply_to: str | None,
-    correlation_id: str | None,
-) -> dict[str, Any]:
-    check_ttl(ttl)
-    header: dict[str, Any] = {"persistent": bool(persistent)}
-    if ttl is not None:
-        header["ttl"] = ttl
-    header.update(publish_options(headers, eliding_eligible, reply_to, correlation_id) or {})
-    return header

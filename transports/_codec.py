@@ -10,7 +10,10 @@ Data frames carry an array header, shortest for the common message::
 
 The batch frames carry the payloads joined in order, ``size`` bytes each. They
 are how a busy connection moves direct messages: one header parse and one
-frame per write instead of one per message.
+frame per write instead of one per message. A batch that would be larger than
+the frame the peer reads, or whose header would be over
+:data:`~meshbus.transports._framing.HEADER_LIMIT`, is written as several frames;
+a single message too large for the peer raises :class:`FrameTooLarge`.
 
 ``options`` is an object holding only what differs from the defaults, with
 short keys (see ``_OPTION_KEYS``). Decoding checks every type before building
@@ -26,12 +29,20 @@ from typing import Any
 
 import orjson
 
-from meshbus._messages import DEFAULT_OPTIONS, DeliveryMode, Message, MessageOptions
+from meshbus._messages import (
+    DEFAULT_OPTIONS,
+    STRING_COST,
+    DeliveryMode,
+    Message,
+    MessageOptions,
+    held_size,
+)
 from meshbus.errors import ProtocolError
 
-from ._framing import FrameKind
+from ._framing import HEADER_DEPTH_LIMIT, HEADER_LIMIT, FrameKind, too_deep
 
 __all__ = [
+    "FrameTooLarge",
     "decode_deliver",
     "decode_deliver_batch",
     "decode_publish_batch",
@@ -58,8 +69,32 @@ _DELIVER_BATCH = FrameKind.DELIVER_BATCH
 _MODES = {mode.value: mode for mode in DeliveryMode}
 
 
+_UNLIMITED = 2**32 - 1  # what a frame's length field holds
+
+
+class FrameTooLarge(ValueError):
+    """A message does not fit in one frame the peer reads.
+
+    :ivar size: the frame's length in bytes.
+    :ivar limit: the largest frame the peer reads.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"a frame of {size} bytes is larger than the peer reads ({limit})")
+        self.size = size
+        self.limit = limit
+
+
 def _frame(kind: int, head: bytes, payload: bytes) -> bytes:
     return _pack(5 + len(head) + len(payload), kind, len(head)) + head + payload
+
+
+def _fitting(kind: int, head: bytes, payload: bytes, max_frame: int) -> bytes:
+    """One frame, or :class:`FrameTooLarge` if the peer would refuse it."""
+    size = 9 + len(head) + len(payload)
+    if size > max_frame or len(head) > HEADER_LIMIT:
+        raise FrameTooLarge(size, max_frame)
+    return _pack(size - 4, kind, len(head)) + head + payload
 
 
 # --- options ----------------------------------------------------------------------
@@ -87,6 +122,16 @@ def options_to_wire(options: MessageOptions) -> dict[str, Any]:
     return wire
 
 
+_OPTION_DEPTH = HEADER_DEPTH_LIMIT - 3  # a batch, its entry and the options hold each value
+
+
+def _check_nesting(value: Any) -> None:
+    """Refuse a value of a batch entry's options (a container) nested deeper than any
+    frame may be: the frame decoder leaves batches to this, as only options can nest."""
+    if too_deep(value, _OPTION_DEPTH):
+        raise ProtocolError(f"frame header is nested deeper than {HEADER_DEPTH_LIMIT} levels")
+
+
 def _check(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ProtocolError(f"message {what} has the wrong type ({type(value).__name__})")
@@ -103,12 +148,16 @@ def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOption
         raise ProtocolError(f"unknown delivery mode {wire.get('m')!r}")
     headers = wire.get("h", {})
     _check(headers, dict, "headers")
+    # What a buffer holds of them (MessageOptions.size), as held_size() reckons it.
+    size = held_size(headers, None, None, None) if headers else 0
     reply_to = wire.get("r")
     if reply_to is not None:
         _check(reply_to, str, "reply_to")
+        size += STRING_COST + 4 * len(reply_to)
     correlation_id = wire.get("c")
     if correlation_id is not None:
         _check(correlation_id, str, "correlation_id")
+        size += STRING_COST + 4 * len(correlation_id)
     destination = wire.get("q")
     if destination is not None:
         _check(destination, str, "destination")
@@ -122,6 +171,10 @@ def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOption
         _check(wire.get("rd", False), bool, "redelivered flag"),
         message_id,
         destination,
+        None,
+        0,
+        None,
+        size,
     )
 
 
@@ -167,14 +220,18 @@ def decode_publish(header: list[Any]) -> tuple[str, dict[str, Any] | None]:
 # --- node to client -----------------------------------------------------------------
 
 
-def encode_deliver(message: Message) -> bytes:
-    """A DELIVER frame for a message a remote session receives."""
+def encode_deliver(message: Message, max_frame: int = _UNLIMITED) -> bytes:
+    """A DELIVER frame for a message a remote session receives.
+
+    :raises FrameTooLarge: the frame would be longer than ``max_frame`` (what the
+        peer reads), or its header longer than ``HEADER_LIMIT``.
+    """
     options = message.options
     if options is DEFAULT_OPTIONS:
         head = _dumps((message.topic, message.sender, message.timestamp))
     else:
         head = _dumps((message.topic, message.sender, message.timestamp, options_to_wire(options)))
-    return _frame(_DELIVER, head, message.payload)
+    return _fitting(_DELIVER, head, message.payload, max_frame)
 
 
 def decode_deliver(header: list[Any], payload: bytes) -> Message:
@@ -232,6 +289,7 @@ def _message(
     message.sender = sender  # type: ignore[misc]
     message.timestamp = timestamp  # type: ignore[misc]
     message.options = options  # type: ignore[misc]
+    message.size = len(payload) + options.size  # type: ignore[misc]
     return message
 
 
@@ -262,8 +320,12 @@ def publish_options(
     return wire
 
 
-def encode_publish_batch(entries: list[PublishEntry]) -> bytes:
-    """One PUBLISH_BATCH frame for ``entries`` (in order)."""
+def encode_publish_batch(entries: list[PublishEntry], max_frame: int = _UNLIMITED) -> bytes:
+    """PUBLISH_BATCH frames for ``entries`` (in order): one, or more when one would be
+    longer than ``max_frame`` (what the node reads) or its header over ``HEADER_LIMIT``.
+
+    :raises FrameTooLarge: an entry does not fit in a frame on its own.
+    """
     head = [
         (topic, len(payload)) if options is None else (topic, len(payload), options)
         for topic, payload, options in entries
@@ -272,7 +334,15 @@ def encode_publish_batch(entries: list[PublishEntry]) -> bytes:
         header = _dumps(head)
     except TypeError as exc:
         raise TypeError(f"message headers must be JSON-serializable: {exc}") from None
-    return _frame(_PUBLISH_BATCH, header, b"".join([e[1] for e in entries]))
+    payload = b"".join([e[1] for e in entries])
+    if 9 + len(header) + len(payload) <= max_frame and len(header) <= HEADER_LIMIT:
+        return _frame(_PUBLISH_BATCH, header, payload)
+    if len(entries) == 1:
+        raise FrameTooLarge(9 + len(header) + len(payload), max_frame)
+    half = len(entries) // 2  # rare: halve until each part fits
+    return encode_publish_batch(entries[:half], max_frame) + encode_publish_batch(
+        entries[half:], max_frame
+    )
 
 
 def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry]:
@@ -293,8 +363,12 @@ def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry
         if end > total:
             raise ProtocolError("PUBLISH_BATCH sizes exceed the payload")
         options = item[2] if len(item) == 3 else None
-        if options is not None and type(options) is not dict:
-            raise ProtocolError("PUBLISH_BATCH options must be an object")
+        if options is not None:
+            if type(options) is not dict:
+                raise ProtocolError("PUBLISH_BATCH options must be an object")
+            for value in options.values():  # only a container calls: most hold none
+                if type(value) is dict or type(value) is list:
+                    _check_nesting(value)
         entries.append((topic, payload[offset:end], options))
         offset = end
     if offset != total:
@@ -302,15 +376,28 @@ def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry
     return entries
 
 
-def encode_deliver_batch(messages: list[Message]) -> bytes:
-    """One DELIVER_BATCH frame for ``messages`` (in order)."""
+def encode_deliver_batch(messages: list[Message], max_frame: int = _UNLIMITED) -> bytes:
+    """DELIVER_BATCH frames for ``messages`` (in order): one, or more when one would be
+    longer than ``max_frame`` (what the peer reads) or its header over ``HEADER_LIMIT``.
+
+    :raises FrameTooLarge: a message does not fit in a frame on its own.
+    """
     head = [
         (m.topic, m.sender, m.timestamp, len(m.payload))
         if m.options is DEFAULT_OPTIONS
         else (m.topic, m.sender, m.timestamp, len(m.payload), options_to_wire(m.options))
         for m in messages
     ]
-    return _frame(_DELIVER_BATCH, _dumps(head), b"".join([m.payload for m in messages]))
+    header = _dumps(head)
+    payload = b"".join([m.payload for m in messages])
+    if 9 + len(header) + len(payload) <= max_frame and len(header) <= HEADER_LIMIT:
+        return _frame(_DELIVER_BATCH, header, payload)
+    if len(messages) == 1:
+        raise FrameTooLarge(9 + len(header) + len(payload), max_frame)
+    half = len(messages) // 2  # rare: halve until each part fits
+    return encode_deliver_batch(messages[:half], max_frame) + encode_deliver_batch(
+        messages[half:], max_frame
+    )
 
 
 def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
@@ -329,6 +416,9 @@ def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
         elif n == 5:
             topic, sender, timestamp, size, wire = item
             options = options_from_wire(wire)
+            for value in wire.values():  # only a container calls: most hold none
+                if type(value) is dict or type(value) is list:
+                    _check_nesting(value)
         else:
             raise ProtocolError(f"DELIVER_BATCH entry has {n} items, not 4 or 5")
         if type(size) is not int or size < 0 or offset + size > total:
@@ -350,6 +440,7 @@ def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
         message.sender = sender  # type: ignore[misc]
         message.timestamp = timestamp  # type: ignore[misc]
         message.options = options  # type: ignore[misc]
+        message.size = size + options.size  # type: ignore[misc]
         append(message)
         offset = end
     if offset != total:

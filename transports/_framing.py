@@ -23,19 +23,35 @@ from typing import Any
 
 import orjson
 
+from meshbus._messages import HEADER_LIMITS
 from meshbus.errors import ProtocolError
 
-__all__ = ["HEADER_DEPTH_LIMIT", "HEADER_LIMIT", "FrameDecoder", "FrameKind", "encode_frame"]
+__all__ = [
+    "FRAME_HEADROOM",
+    "HEADER_DEPTH_LIMIT",
+    "HEADER_LIMIT",
+    "FrameDecoder",
+    "FrameKind",
+    "encode_frame",
+]
 
 _PREFIX = struct.Struct("!IBI")
 _PREFIX_SIZE = _PREFIX.size  # 9
 _BODY_MIN = _PREFIX_SIZE - 4  # kind + header length
 HEADER_LIMIT = 1024 * 1024
-"""Largest JSON header a frame may carry, whatever the frame size limit."""
-HEADER_DEPTH_LIMIT = 100
-"""Deepest nesting of arrays and objects in a header. orjson reads 1024 levels but
-writes only 254: a deeper header (say, message headers a client published) could not
-be written again to a subscriber, so it is refused where it comes in."""
+"""Largest JSON header a frame may carry, whatever the frame size limit. It holds a
+message's headers at their limit (:data:`meshbus.HEADER_LIMITS`) many times over; the
+frames that carry several messages are split to stay within it."""
+HEADER_DEPTH_LIMIT = HEADER_LIMITS.max_depth + 3
+"""Deepest nesting of arrays and objects in a frame header: message headers at their
+depth limit, wrapped in the most a data frame puts around them (a batch's array, the
+message's entry and its options object). Message headers any deeper are refused where
+they come in (:class:`~meshbus.PublishRejectedError`) when the frame still fits this
+limit, and close the connection when it does not."""
+FRAME_HEADROOM = 64 * 1024
+"""Bytes a node may add to a message it accepted when it writes it to a subscriber
+(the sender's name, a timestamp, flow and message numbers, the queue's name), with
+room to spare: a client reads frames this much larger than a node accepts."""
 
 
 class FrameKind(enum.IntEnum):
@@ -105,11 +121,21 @@ class FrameDecoder:
         type its header must have (``dict`` or ``list``); others are errors.
     """
 
-    __slots__ = ("_chunks", "_need", "_size", "accept", "max_frame_size", "saw_control")
+    __slots__ = (
+        "_chunks",
+        "_need",
+        "_size",
+        "accept",
+        "limit_note",
+        "max_frame_size",
+        "saw_control",
+    )
 
     def __init__(self, max_frame_size: int, accept: dict[int, type] | None = None) -> None:
         self.max_frame_size = max_frame_size
         self.accept = accept
+        #: Said after the limit when a frame is over it (which limit it was).
+        self.limit_note = ""
         # Received bytes not yet decoded, kept as pieces until the next frame can be
         # whole: joining on every read would copy a large frame once per read.
         self._chunks: list[bytes] = []
@@ -155,7 +181,8 @@ class FrameDecoder:
                 length, kind, head_length = unpack(data, offset)
                 if length > max_size:
                     raise ProtocolError(
-                        f"frame of {length} bytes is larger than the limit of {max_size}"
+                        f"frame of {length} bytes is larger than the limit of "
+                        f"{max_size}{self.limit_note}"
                     )
                 if length < _BODY_MIN:
                     raise ProtocolError(f"frame length {length} is shorter than a frame header")
@@ -183,8 +210,9 @@ class FrameDecoder:
                     raise ProtocolError(f"frame header is not valid JSON: {exc}") from None
                 if (
                     head_length > _DEPTH_CHECK_FROM
+                    and kind not in _BATCHES  # their codecs check what in them can nest
                     and head.count(b"[") + head.count(b"{") > HEADER_DEPTH_LIMIT
-                    and _too_deep(header)
+                    and too_deep(header, HEADER_DEPTH_LIMIT)
                 ):
                     raise ProtocolError(
                         f"frame header is nested deeper than {HEADER_DEPTH_LIMIT} levels"
@@ -213,18 +241,24 @@ def _refused(kind: int) -> ProtocolError:
 
 
 _DEPTH_CHECK_FROM = 2 * HEADER_DEPTH_LIMIT  # a shorter header cannot be too deep
+# A batch holds one array per message; walking thousands of them to find the depth
+# would cost more than decoding them, and only a message's options can nest anyway.
+_BATCHES = frozenset({FrameKind.PUBLISH_BATCH, FrameKind.DELIVER_BATCH})
 
 
-def _too_deep(header: Any) -> bool:
-    """Whether ``header`` nests arrays and objects more than :data:`HEADER_DEPTH_LIMIT` deep."""
-    level = [header]
-    for _ in range(HEADER_DEPTH_LIMIT):  # level: the values inside that many containers
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep (level by level,
+    not recursively: a hostile value must not exhaust the stack)."""
+    if type(value) is not list and type(value) is not dict:
+        return False
+    level = [value]  # the containers inside as many others as this loop went round
+    for _ in range(limit):
         level = [
             child
-            for value in level
-            if type(value) is list or type(value) is dict
-            for child in (value.values() if type(value) is dict else value)
+            for container in level
+            for child in (container.values() if type(container) is dict else container)
+            if type(child) is list or type(child) is dict
         ]
         if not level:
             return False
-    return any(type(value) is list or type(value) is dict for value in level)
+    return True

@@ -19,6 +19,11 @@ The conversation::
 
 The client sends nothing after HELLO until WELCOME arrives. Every frame is
 checked against the state and the side it may come from before it is returned.
+
+Until the handshake is done a side reads only a small frame (a login is well under
+1 KB), so a connection that never logs in cannot make its peer hold more than that.
+HELLO and WELCOME each say the largest frame their sender reads
+(``max_frame_size``): a side never writes a data frame its peer would refuse.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from meshbus.errors import ProtocolError
 
 from ._compression import ALGORITHMS, Compressor, Decompressor
 from ._framing import FrameDecoder, FrameKind, encode_frame
+from ._settings import LOGIN_FRAME_SIZE, MAX_FRAME_SIZE
 
 __all__ = ["PROTOCOL_VERSION", "LinkProtocol", "LinkState", "Role"]
 
@@ -105,14 +111,26 @@ class LinkProtocol:
     """The state of one side of one connection.
 
     :param role: :attr:`Role.CLIENT` or :attr:`Role.SERVER`.
-    :param max_frame_size: largest frame accepted from the peer.
+    :param max_frame_size: largest frame accepted from the peer once logged in; the
+        handshake tells the peer.
+    :param handshake_frame_size: largest frame accepted before that (the login's).
     """
 
-    def __init__(self, role: Role, *, max_frame_size: int) -> None:
+    def __init__(
+        self,
+        role: Role,
+        *,
+        max_frame_size: int,
+        handshake_frame_size: int = LOGIN_FRAME_SIZE,
+    ) -> None:
         self.role = role
         self.state = LinkState.HANDSHAKE
         self.max_frame_size = max_frame_size
-        self._decoder = FrameDecoder(max_frame_size)
+        self._decoder = FrameDecoder(min(handshake_frame_size, max_frame_size))
+        self._decoder.limit_note = " before login"
+        #: The largest frame the peer reads, as its HELLO or WELCOME said (until then, and
+        #: for peers that do not say, what meshbus read before it said so).
+        self.peer_max_frame_size = MAX_FRAME_SIZE
         self._receives = _shapes(_SERVER_RECEIVES if role is Role.SERVER else _CLIENT_RECEIVES)
         self._out = bytearray()
         self._compressor: Compressor | None = None
@@ -167,15 +185,28 @@ class LinkProtocol:
     # --- handshake ----------------------------------------------------------------
 
     def hello(self, header: dict[str, Any]) -> None:
-        """Client: queue HELLO (``version`` and the compression offer are filled in)."""
+        """Client: queue HELLO (``version``, ``max_frame_size`` and the compression offer
+        are filled in)."""
         self._expect(Role.CLIENT, "hello")
         offer = header.get("compression") or []
-        self.send(K.HELLO, {**header, "version": PROTOCOL_VERSION, "compression": list(offer)})
+        self.send(
+            K.HELLO,
+            {
+                **header,
+                "version": PROTOCOL_VERSION,
+                "max_frame_size": self.max_frame_size,
+                "compression": list(offer),
+            },
+        )
 
     def accept(self, header: dict[str, Any], *, compression: str | None) -> None:
-        """Server: queue WELCOME and open the connection, switching on ``compression``."""
+        """Server: queue WELCOME and open the connection, switching on ``compression``
+        (``max_frame_size`` is filled in unless ``header`` has it)."""
         self._expect(Role.SERVER, "accept")
-        self.send(K.WELCOME, {**header, "compression": compression})
+        self.send(
+            K.WELCOME,
+            {"max_frame_size": self.max_frame_size, **header, "compression": compression},
+        )
         self._plain = bytes(self._out)  # WELCOME itself goes out uncompressed
         self._out.clear()
         self._open(compression)
@@ -209,7 +240,10 @@ class LinkProtocol:
             self._decompressor = Decompressor(min(self.max_frame_size, _INFLATE_STEP))
         self.compression = compression
         self.state = LinkState.OPEN
-        self._decoder.accept = self._receives  # from now on: only the kinds this side takes
+        decoder = self._decoder
+        decoder.accept = self._receives  # from now on: only the kinds this side takes
+        decoder.max_frame_size = self.max_frame_size  # and frames of any size it takes
+        decoder.limit_note = ""
         # What followed the handshake frame in the same read is in the new encoding.
         self._held = self._decoder.take_buffer()
 
@@ -284,6 +318,7 @@ class LinkProtocol:
             offer = header.get("compression", [])
             if not isinstance(offer, list):
                 raise ProtocolError("HELLO compression offer must be a list")
+            self.peer_max_frame_size = _frame_size(header, "HELLO")
             if self._decoder.buffered:
                 raise ProtocolError("client sent frames before its login was answered")
             return frames
@@ -291,6 +326,7 @@ class LinkProtocol:
             compression = header.get("compression")
             if compression is not None and not isinstance(compression, str):
                 raise ProtocolError("WELCOME names a malformed compression")
+            self.peer_max_frame_size = _frame_size(header, "WELCOME")
             self._open(compression)
             return frames
         if kind == K.REFUSED:
@@ -307,3 +343,12 @@ class LinkProtocol:
     def peer_silent(self, now: float, timeout: float) -> bool:
         """Whether nothing arrived for ``timeout`` seconds: the peer is taken as dead."""
         return now - self.last_received >= timeout
+
+
+def _frame_size(header: dict[str, Any], what: str) -> int:
+    """The ``max_frame_size`` a handshake frame announces (a meshbus that does not
+    announce one reads :data:`MAX_FRAME_SIZE`)."""
+    size = header.get("max_frame_size", MAX_FRAME_SIZE)
+    if type(size) is not int or size < 1:
+        raise ProtocolError(f"{what} max_frame_size must be a positive integer, got {size!r}")
+    return size

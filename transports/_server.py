@@ -5,6 +5,11 @@ a :class:`_Connection` in the node's task group. A connection logs in to a VPN
 as a :class:`~meshbus.Session` and then relays frames: it is the only place
 where the node meets bytes from the network, so each step is guarded and any
 failure ends that connection alone, with a logged reason.
+
+Until a connection is logged in it reads only small frames (the listener's
+``login_frame_size``), and a listener has at most ``max_unauthenticated``
+connections logging in at once: more are closed as soon as they connect. So
+connections that never log in cannot take more than a bounded amount of memory.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ __all__ = ["Server", "ServerStatistics", "start_server"]
 
 log = logging.getLogger("meshbus.transports")
 
+_TURNED_AWAY_LOG_INTERVAL = 10.0  # seconds between two reports of connections turned away
+
 
 @attrs.frozen
 class ServerStatistics:
@@ -62,6 +69,9 @@ class ServerStatistics:
     """Bytes read from closed and open connections."""
     bytes_sent: int
     """Bytes written to closed and open connections."""
+    turned_away: int = 0
+    """Connections closed as soon as they connected, because ``max_unauthenticated``
+    others were logging in."""
 
 
 class Server:
@@ -80,6 +90,10 @@ class Server:
         self._connections: set[Connection] = set()
         self.accepted = self.logins = self.refused = self.failed = 0
         self._closed_bytes = [0, 0]
+        self.logging_in = 0  # connections holding a _LoginSlot
+        self.turned_away = 0
+        self._turned_away_reported = 0
+        self._next_report = float("-inf")
 
     def __repr__(self) -> str:
         return f"<Server {self.url}>"
@@ -114,6 +128,18 @@ class Server:
         self.accepted += 1
         peer = _peer_name(stream)
         address = _peer_address(stream)
+        slot = self._admit(peer)
+        if slot is None:
+            await anyio.aclose_forcefully(stream)
+            return
+        try:
+            await self._serve_tcp(stream, peer, slot, address)
+        finally:
+            slot.release()
+
+    async def _serve_tcp(
+        self, stream: anyio.abc.ByteStream, peer: str, slot: _LoginSlot, address: str | None
+    ) -> None:
         stream = adopt_tcp_stream(stream)
         certificate_name = None
         if self._context is not None:
@@ -141,7 +167,7 @@ class Server:
                 await anyio.aclose_forcefully(stream)
                 return
             certificate_name = _common_name(stream.extra(TLSAttribute.peer_certificate, None))
-        await self.serve(stream, peer=peer, certificate_name=certificate_name, address=address)
+        await self._serve(stream, peer, certificate_name, slot, address)
 
     async def serve(
         self,
@@ -153,15 +179,59 @@ class Server:
     ) -> None:
         """Serve one connection on ``stream`` until it closes (for memory streams too).
 
+        Like a connection the listener accepted, it counts against
+        ``max_unauthenticated`` until it is logged in, and is closed at once when
+        that many are logging in already.
+
         :param certificate_name: the common name of a verified client certificate.
         :param address: the client's address, under which the node counts failed
             logins (see :class:`meshbus.LoginGuard`); ``None`` counts per username only.
         """
-        protocol = LinkProtocol(Role.SERVER, max_frame_size=self.settings.max_frame_size)
+        slot = self._admit(peer)
+        if slot is None:
+            await anyio.aclose_forcefully(stream)
+            return
+        try:
+            await self._serve(stream, peer, certificate_name, slot, address)
+        finally:
+            slot.release()
+
+    def _admit(self, peer: str) -> _LoginSlot | None:
+        """A place among the connections logging in, or ``None`` (counted, reported)."""
+        if self.logging_in < self.settings.max_unauthenticated:
+            return _LoginSlot(self)
+        self.turned_away += 1
+        now = self.node.clock.monotonic()
+        if now >= self._next_report:  # a flood of them must not flood the log
+            self._next_report = now + _TURNED_AWAY_LOG_INTERVAL
+            log.warning(
+                "turned away %d connection(s) since the last report, the latest from %s: "
+                "%d connections are logging in already (max_unauthenticated)",
+                self.turned_away - self._turned_away_reported,
+                peer,
+                self.logging_in,
+            )
+            self._turned_away_reported = self.turned_away
+        return None
+
+    async def _serve(
+        self,
+        stream: anyio.abc.ByteStream,
+        peer: str,
+        certificate_name: str | None,
+        slot: _LoginSlot,
+        address: str | None,
+    ) -> None:
+        settings = self.settings
+        protocol = LinkProtocol(
+            Role.SERVER,
+            max_frame_size=settings.max_frame_size,
+            handshake_frame_size=settings.login_frame_size,
+        )
         connection = Connection(stream, protocol, peer)
         self._connections.add(connection)
         try:
-            await self._login_and_serve(connection, certificate_name, address)
+            await self._login_and_serve(connection, certificate_name, slot, address)
         except Exception:  # a bug must cost one connection, never the node
             self.failed += 1
             log.exception("closing connection from %s: internal error", peer)
@@ -172,7 +242,11 @@ class Server:
             await connection.aclose()
 
     async def _login_and_serve(
-        self, connection: Connection, certificate_name: str | None, address: str | None
+        self,
+        connection: Connection,
+        certificate_name: str | None,
+        slot: _LoginSlot,
+        address: str | None,
     ) -> None:
         settings = self.settings
         try:
@@ -189,6 +263,7 @@ class Server:
         served = await self._login(connection, hello, certificate_name, address)
         if served is None:
             return
+        slot.release()  # logged in: no longer limited as a connection logging in
         self.logins += 1
         try:
             await served.run()
@@ -306,6 +381,7 @@ class Server:
             failed=self.failed,
             bytes_received=received,
             bytes_sent=sent,
+            turned_away=self.turned_away,
         )
 
 
@@ -321,6 +397,23 @@ async def start_server(node: Node, settings: ListenerSettings | None = None) -> 
     await node.task_group.start(server._run)
     node.stash.setdefault(SERVERS, []).append(server)
     return server
+
+
+class _LoginSlot:
+    """One connection's place among those a listener has logging in."""
+
+    __slots__ = ("_server",)
+
+    def __init__(self, server: Server) -> None:
+        self._server: Server | None = server
+        server.logging_in += 1
+
+    def release(self) -> None:
+        """Give the place back (once: later calls do nothing)."""
+        server = self._server
+        if server is not None:
+            self._server = None
+            server.logging_in -= 1
 
 
 SERVERS: StashKey[list[Server]] = StashKey()

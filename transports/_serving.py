@@ -38,6 +38,7 @@ from meshbus.errors import (
 )
 
 from ._codec import (
+    FrameTooLarge,
     decode_publish,
     decode_publish_batch,
     encode_deliver,
@@ -66,6 +67,7 @@ _PUBLISH_BATCH = int(K.PUBLISH_BATCH)
 _BATCH_BYTES = 256 * 1024  # deliveries encoded per write, at most (about)
 _BATCH_MESSAGES = 4096  # and at most this many, so a batch header stays small
 _MAX_PIPELINED_SENDS = 4096  # SEND frames waiting for the sender before reading pauses
+_MAX_PIPELINED_BYTES = 64 * 1024 * 1024  # and their payload bytes, beyond the first one
 
 
 class WriteThrough:
@@ -119,11 +121,13 @@ class ServedSession:
         self._sends: deque[tuple[int, dict[str, Any], bytes]] = deque()
         self._sends_waiting = anyio.Event()
         self._sends_room = anyio.Event()
+        self._send_bytes = 0  # payload bytes appended to _sends, at least what it holds
         self._flows: dict[int, tuple[Flow, anyio.CancelScope, dict[int, Message]]] = {}
         self._flow_numbers = 0
         self._flow_done: dict[int, anyio.Event] = {}
         self.errors_sent = 0
-        #: Messages whose headers could not be written (not JSON-serializable).
+        #: Messages that could not be written: headers JSON cannot hold, or a message
+        #: larger than the client reads (both only from in-process publishers).
         self.undeliverable = 0
         self._write_through = write_through if write_through is not None else WriteThrough()
         #: In its node's write-through list already (see :class:`WriteThrough`).
@@ -260,7 +264,8 @@ class ServedSession:
             elif kind == K.SEND:
                 self._sends.append((request, header, payload))
                 self._sends_waiting.set()
-                while len(self._sends) >= _MAX_PIPELINED_SENDS:
+                self._send_bytes += len(payload)
+                while len(self._sends) >= _MAX_PIPELINED_SENDS or self._sends_too_large():
                     self._sends_room = anyio.Event()
                     await self._sends_room.wait()
             elif kind == K.BIND:
@@ -273,6 +278,18 @@ class ServedSession:
             raise
         except (MeshbusError, TypeError, ValueError) as exc:
             self._error(request, exc)
+
+    def _sends_too_large(self) -> bool:
+        """Whether the sends waiting for the spool hold too many bytes to read more.
+
+        Only this reader counts: what the sender took since the last look is found by
+        adding up what is left, which happens only once the count passes the bound.
+        """
+        if self._send_bytes <= _MAX_PIPELINED_BYTES:
+            return False
+        sends = self._sends
+        self._send_bytes = sum(len(payload) for _, _, payload in sends)
+        return len(sends) > 1 and self._send_bytes > _MAX_PIPELINED_BYTES
 
     def _request(self, request: int, header: dict[str, Any]) -> None:
         what = header.get("what")
@@ -442,17 +459,23 @@ class ServedSession:
         """Queue ``message`` and what waits behind it, up to a batch's limits, as frames."""
         receive_nowait = self.session.receive_nowait
         batch = [message]
-        size = len(message.payload)
+        # Whole sizes (headers too): what the batch's frame holds, at most about that.
+        size = message.size
         while size < _BATCH_BYTES and len(batch) < _BATCH_MESSAGES:
             message = receive_nowait()  # type: ignore[assignment]
             if message is None:
                 break
             batch.append(message)
-            size += len(message.payload)
-        out = self.protocol.out  # a bytearray, extended in place
+            size += message.size
+        protocol = self.protocol
+        out = protocol.out  # a bytearray, extended in place
+        limit = protocol.peer_max_frame_size
         try:
-            out += encode_deliver(batch[0]) if len(batch) == 1 else encode_deliver_batch(batch)
-        except TypeError:  # headers JSON cannot carry (from an in-process publisher)
+            if len(batch) == 1:
+                out += encode_deliver(batch[0], limit)
+            else:
+                out += encode_deliver_batch(batch, limit)
+        except (TypeError, FrameTooLarge):  # only an in-process publisher can cause these
             self._deliver_one_by_one(batch)
 
     def _on_ready(self) -> None:
@@ -485,10 +508,11 @@ class ServedSession:
 
     def _deliver_one_by_one(self, batch: list[Message]) -> None:
         out = self.protocol.out
+        limit = self.protocol.peer_max_frame_size
         for message in batch:
             try:
-                out += encode_deliver(message)
-            except TypeError as exc:
+                out += encode_deliver(message, limit)
+            except (TypeError, FrameTooLarge) as exc:
                 self.undeliverable += 1
                 if self.undeliverable == 1:
                     log.warning(

@@ -13,6 +13,7 @@ from meshbus.errors import ConfigurationError
 __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_TLS_PORT",
+    "LOGIN_FRAME_SIZE",
     "MAX_FRAME_SIZE",
     "ListenerSettings",
     "TlsSettings",
@@ -24,6 +25,9 @@ DEFAULT_TLS_PORT = 55443
 """The customary port of a TLS listener."""
 MAX_FRAME_SIZE = 32 * 1024 * 1024
 """Largest frame a link accepts by default (a 30 MB payload plus its header)."""
+LOGIN_FRAME_SIZE = 64 * 1024
+"""Largest frame a connection accepts before it is logged in, by default (a login
+takes well under 1 KB)."""
 
 _TLS_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -48,6 +52,17 @@ def _positive_number(instance: object, attribute: attrs.Attribute[Any], value: f
         raise ConfigurationError(
             f"{type(instance).__name__}.{attribute.name} must be a positive number, got {value!r}"
         )
+
+
+def _at_least(minimum: int) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigurationError(
+                f"{type(instance).__name__}.{attribute.name} must be an integer of at least "
+                f"{minimum}, got {value!r}"
+            )
+
+    return check
 
 
 def _port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
@@ -133,7 +148,13 @@ class ListenerSettings:
     compression: bool = True
     """Whether a client may ask for compression on its connection."""
     max_frame_size: int = attrs.field(default=MAX_FRAME_SIZE, validator=_positive_number)
-    """Largest frame accepted; a bigger one closes the connection."""
+    """Largest frame accepted from a logged-in client; a bigger one closes the connection.
+    Clients learn it at login and refuse to send more (``PublishRejectedError``)."""
+    login_frame_size: int = attrs.field(default=LOGIN_FRAME_SIZE, validator=_at_least(1024))
+    """Largest frame accepted before login; a bigger one closes the connection at once."""
+    max_unauthenticated: int = attrs.field(default=256, validator=_at_least(1))
+    """Most connections logging in at once (from their TCP connect until their login is
+    answered); more are closed as soon as they connect, and counted."""
     keepalive: float = attrs.field(default=10.0, validator=_positive_number)
     """Seconds of silence after which a ping is sent."""
     keepalive_timeout: float = attrs.field(default=30.0, validator=_positive_number)

@@ -132,16 +132,22 @@ class Queue:
             stats.bytes + self._reserved[1] - self._pending_ack_bytes,
         )
 
-    def refusal(self, size: int) -> PublishRejectedError | None:
-        """Why this queue cannot take a message of ``size`` bytes now, or ``None``."""
+    def refusal(self, size: int, message_size: int | None = None) -> PublishRejectedError | None:
+        """Why this queue cannot take a message of ``size`` payload bytes now, or ``None``.
+
+        :param message_size: its whole size (:attr:`meshbus.Message.size`: the payload
+            and what its headers take), held against ``max_message_size``; the quota
+            counts payload bytes, as the store does.
+        """
         s = self.settings
         where = f"queue {s.name!r}"
         if self.deleted:
             return PublishRejectedError("no-such-queue", where)
         if not s.ingress_enabled:
             return PublishRejectedError("ingress-disabled", where)
-        if size > s.max_message_size:
-            return PublishRejectedError("too-large", where, s.max_message_size, size)
+        whole = size if message_size is None else message_size
+        if whole > s.max_message_size:
+            return PublishRejectedError("too-large", where, s.max_message_size, whole)
         messages, used = self.usage()
         if s.max_messages is not None and messages + 1 > s.max_messages:
             return PublishRejectedError("over-quota", where, s.max_messages, messages + 1)

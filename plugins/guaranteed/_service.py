@@ -286,9 +286,11 @@ class GuaranteedService(GuaranteedMessaging):
     ) -> None:
         self._may_send(session)
         size = len(payload)
-        if size > MAX_MESSAGE_SIZE:
-            raise PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, size)
-        accepted, refusal = self._accepting(self._indexes.get(session.vpn.name), topic, size)
+        whole = size + options["size"]  # the headers count against the size limits too
+        if whole > MAX_MESSAGE_SIZE:
+            raise PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, whole)
+        index = self._indexes.get(session.vpn.name)
+        accepted, refusal = self._accepting(index, topic, size, whole)
         if refusal is not None:
             raise refusal  # nothing was stored anywhere yet
         now = self.node.clock.time()
@@ -330,11 +332,12 @@ class GuaranteedService(GuaranteedMessaging):
         reserved: list[tuple[Queue, int]] = []  # so later messages of the batch see earlier
         holders: list[list[Queue]] = []
         origins: list[tuple[str, int]] = []
+        extra = options["size"]  # what the shared headers take, in each message
         for topic, payload in messages:
             size = len(payload)
-            accepted, refusal = self._accepting(index, topic, size)
-            if refusal is None and size > MAX_MESSAGE_SIZE:
-                refusal = PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, size)
+            accepted, refusal = self._accepting(index, topic, size, size + extra)
+            if refusal is None and size + extra > MAX_MESSAGE_SIZE:
+                refusal = PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, size + extra)
             results.append(refusal)
             if refusal is not None:
                 continue
@@ -376,13 +379,14 @@ class GuaranteedService(GuaranteedMessaging):
         return results
 
     def _accepting(
-        self, index: SubscriptionIndex[Queue] | None, topic: str, size: int
+        self, index: SubscriptionIndex[Queue] | None, topic: str, size: int, whole: int
     ) -> tuple[list[Queue], PublishRejectedError | None]:
-        """The queues that take a message, or the refusal that rejects it to the sender."""
+        """The queues that take a message (``size`` payload bytes, ``whole`` with its
+        headers), or the refusal that rejects it to the sender."""
         accepted: list[Queue] = []
         discarding: list[Queue] = []
         for queue in index.match(topic) if index is not None else ():
-            refusal = queue.refusal(size)
+            refusal = queue.refusal(size, whole)
             if refusal is None:
                 accepted.append(queue)
             elif queue.settings.reject_msg_to_sender_on_discard:
@@ -404,7 +408,7 @@ class GuaranteedService(GuaranteedMessaging):
         target = self._queues.get((session.vpn.name, queue))
         if target is None or target.topic_endpoint:
             raise PublishRejectedError("no-such-queue", f"queue {queue!r}")
-        refusal = target.refusal(len(payload))
+        refusal = target.refusal(len(payload), len(payload) + options["size"])
         if refusal is not None:
             raise refusal
         now = self.node.clock.time()
@@ -424,14 +428,15 @@ class GuaranteedService(GuaranteedMessaging):
         topic = message.topic
         payload = message.payload
         size = len(payload)
-        if size > MAX_MESSAGE_SIZE:
-            raise PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, size)
+        whole = message.size  # the headers count against the size limits too
+        if whole > MAX_MESSAGE_SIZE:
+            raise PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, whole)
         accepted: list[Queue] = []
         index = self._indexes.get(vpn.name)
         for queue in index.match(topic) if index is not None else ():
             if queue.endpoint == link.endpoint:
                 continue  # the queue that feeds this link: never back where it came from
-            refusal = queue.refusal(size)
+            refusal = queue.refusal(size, whole)
             if refusal is not None:
                 raise refusal  # all or nothing: the peer keeps it and sends it again
             accepted.append(queue)
@@ -514,8 +519,9 @@ class GuaranteedService(GuaranteedMessaging):
             message = envelope.message
             accepted = []
             size = len(message.payload)
+            whole = message.size
             for queue in index.match(message.topic):
-                if queue.refusal(size) is None:
+                if queue.refusal(size, whole) is None:
                     queue.reserve(size)
                     accepted.append(queue)
                 else:  # a direct publisher gets no error: the queue discards it

@@ -181,6 +181,25 @@ def test_bad_value(problems: Problems) -> None:
     ]
 
 
+def test_listener_limits_before_login(problems: Problems, tmp_path: Path) -> None:
+    text = """
+        [[listeners]]
+        login_frame_size = 100
+        max_unauthenticated = 0
+    """
+    assert problems(text) == [
+        "edge.toml: listeners[0].login_frame_size: must be an integer of at least 1024, got 100",
+        "edge.toml: listeners[0].max_unauthenticated: must be an integer of at least 1, got 0",
+    ]
+    data = {"listeners": [{"login_frame_size": 4096, "max_unauthenticated": 8}]}
+    (listener,) = parse_config(data, source="e", base_dir=tmp_path).listeners
+    assert (listener.login_frame_size, listener.max_unauthenticated) == (4096, 8)
+    assert (ListenerSettings().login_frame_size, ListenerSettings().max_unauthenticated) == (
+        64 * 1024,
+        256,
+    )
+
+
 def test_missing_required_key(problems: Problems, certs: Path) -> None:
     text = f"""
         [[listeners]]

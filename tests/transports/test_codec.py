@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import struct
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshbus import DeliveryMode, Message
+from meshbus import HEADER_LIMITS, DeliveryMode, Message
 from meshbus._messages import DEFAULT_OPTIONS, MessageOptions
 from meshbus.errors import ProtocolError
 from meshbus.transports._codec import (
+    FrameTooLarge,
     decode_deliver,
     decode_deliver_batch,
     decode_flow_deliver,
@@ -27,7 +30,7 @@ from meshbus.transports._codec import (
     options_to_wire,
     publish_options,
 )
-from meshbus.transports._framing import FrameDecoder, FrameKind
+from meshbus.transports._framing import HEADER_LIMIT, FrameDecoder, FrameKind
 
 K = FrameKind
 
@@ -511,3 +514,87 @@ def test_bad_publish_batches(header: list[Any], payload: bytes, match: str) -> N
 def test_bad_deliver_batches(header: list[Any], payload: bytes, match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
         decode_deliver_batch(header, payload)
+
+
+# --- frame limits ---------------------------------------------------------------------------
+
+
+def delivered(frames: list[tuple[int, Any, bytes]]) -> list[Message]:
+    out: list[Message] = []
+    for kind, header, payload in frames:
+        assert kind == K.DELIVER_BATCH
+        out += decode_deliver_batch(header, payload)
+    return out
+
+
+def test_batches_larger_than_the_peer_reads_are_written_as_frames_that_fit() -> None:
+    batch = [Message(f"t/{i}", bytes(1000), headers={"n": i}) for i in range(50)]
+    frames = FrameDecoder(10_000).feed(encode_deliver_batch(batch, 10_000))  # refuses more
+    assert len(frames) > 5
+    assert delivered(frames) == batch
+    entries: list[tuple[str, bytes, dict[str, Any] | None]] = [
+        (f"t/{i}", bytes(1000), None) for i in range(50)
+    ]
+    frames = FrameDecoder(10_000).feed(encode_publish_batch(entries, 10_000))
+    assert len(frames) > 5
+    assert [e for _, h, p in frames for e in decode_publish_batch(h, p)] == entries
+
+
+def test_batch_headers_stay_within_the_header_limit() -> None:
+    topic = "x" * 245 + "/long"
+    batch = [Message(topic, b"") for _ in range(5_000)]  # 1.3 MB of topics
+    frames = FrameDecoder(1 << 30).feed(encode_deliver_batch(batch))  # refuses long headers
+    assert len(frames) > 1
+    assert delivered(frames) == batch
+    entries: list[tuple[str, bytes, dict[str, Any] | None]] = [(topic, b"", None)] * 5_000
+    frames = FrameDecoder(1 << 30).feed(encode_publish_batch(entries))
+    assert [e for _, h, p in frames for e in decode_publish_batch(h, p)] == entries
+
+
+def test_a_message_too_large_for_the_peer_is_refused_not_written() -> None:
+    big = Message("t", bytes(2000))
+    with pytest.raises(FrameTooLarge) as caught:
+        encode_deliver(big, 1000)
+    assert caught.value.limit == 1000
+    assert caught.value.size == len(encode_deliver(big))
+    with pytest.raises(FrameTooLarge):
+        encode_deliver_batch([Message("t", b"small"), big], 1000)
+    with pytest.raises(FrameTooLarge):
+        encode_publish_batch([("t", b"small", None), ("t", bytes(2000), None)], 1000)
+    # A header longer than any frame may carry is refused whatever the frame limit.
+    with pytest.raises(FrameTooLarge):
+        encode_deliver(Message("t", b"", headers={"k": "v" * HEADER_LIMIT}))
+
+
+def test_options_read_from_the_wire_carry_what_their_headers_hold() -> None:
+    headers = {"k": "v" * 100, "n": [1, 2, {}]}
+    options = options_from_wire({"h": headers, "r": "a/b", "c": "42"})
+    assert options.size == HEADER_LIMITS.check(headers, "a/b", "42") > 100
+    assert options_from_wire({"e": True}).size == 0
+
+
+def nested_value(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_batch_options_may_nest_as_deep_as_message_headers_and_no_deeper() -> None:
+    # A batch's own structure is flat; only an entry's options can nest, so the batch
+    # decoders check them (the frame decoder leaves batch frames to them).
+    depth = HEADER_LIMITS.max_depth
+    at_limit = {"h": {"k": nested_value(depth - 1)}}  # headers `depth` levels deep
+    too_deep = {"h": {"k": nested_value(depth)}}
+    assert decode_publish_batch([["t", 0, at_limit]], b"")[0][2] == at_limit
+    for options in (too_deep, {"x": nested_value(depth + 1)}):
+        with pytest.raises(ProtocolError, match="nested deeper than"):
+            decode_publish_batch([["t", 0, options]], b"")
+    assert decode_deliver_batch([["t", None, 0, 0, at_limit]], b"")[0].headers == at_limit["h"]
+    with pytest.raises(ProtocolError, match="nested deeper than"):
+        decode_deliver_batch([["t", None, 0, 0, too_deep]], b"")
+    # The frame decoder checks any other frame as a whole (a PUBLISH wraps two levels).
+    head = orjson.dumps(["t", {"h": {"k": nested_value(depth + 1)}}])
+    frame = struct.pack("!IBI", 5 + len(head), K.PUBLISH, len(head)) + head
+    with pytest.raises(ProtocolError, match="nested deeper than"):
+        FrameDecoder(1 << 20).feed(frame)

@@ -37,7 +37,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from meshbus import Node, Session
+from meshbus import HEADER_LIMITS, Node, Session
 from meshbus.errors import ProtocolError
 from meshbus.transports import (
     FrameKind,
@@ -52,6 +52,7 @@ from meshbus.transports import (
 )
 from meshbus.transports._codec import decode_deliver_batch, options_to_wire
 from meshbus.transports._compression import Compressor
+from meshbus.transports._framing import HEADER_DEPTH_LIMIT
 
 K = FrameKind
 MAX_FRAME = 64 * 1024
@@ -366,8 +367,12 @@ def nested_json(kinds: list[bool], inner: bytes) -> bytes:
 
 @st.composite
 def deep_headers(draw: st.DrawFn) -> Attack:
-    """Message headers nested deeper than a node could write them again to a subscriber."""
-    depth = draw(st.integers(min_value=90, max_value=1100))
+    """Message headers around the depth limit and far beyond what a node could write again:
+    refused with an error while the frame fits its own depth limit, closing it beyond."""
+    depth = draw(
+        st.integers(min_value=HEADER_LIMITS.max_depth - 3, max_value=HEADER_DEPTH_LIMIT + 3)
+        | st.integers(min_value=HEADER_DEPTH_LIMIT, max_value=1100)
+    )
     nested = nested_json(draw(st.lists(st.booleans(), min_size=depth, max_size=depth)), b"1")
     kind, head = draw(
         st.sampled_from(
@@ -765,10 +770,13 @@ async def test_a_header_too_deep_to_forward_closes_the_publisher_not_its_subscri
         with anyio.fail_after(5):
             await attacker.served.wait()
         await attacker.ours.aclose()
-        assert ending_reason(caplog, "attacker") == "frame header is nested deeper than 100 levels"
-        # the subscriber gets what others publish, deep headers included when writable
+        assert (
+            ending_reason(caplog, "attacker")
+            == f"frame header is nested deeper than {HEADER_DEPTH_LIMIT} levels"
+        )
+        # the subscriber gets what others publish, headers as deep as the limit included
         nested: Any = "bottom"
-        for _ in range(90):
+        for _ in range(HEADER_LIMITS.max_depth - 1):  # in {"k": ...}: max_depth levels
             nested = [nested]
         async with node.connect() as local:
             local.publish("deep/ok", b"fine", headers={"k": nested})

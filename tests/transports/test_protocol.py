@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import zlib
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from meshbus.errors import ProtocolError
 from meshbus.transports._framing import FrameDecoder, FrameKind, encode_frame
 from meshbus.transports._protocol import PROTOCOL_VERSION, LinkProtocol, LinkState, Role
+from meshbus.transports._settings import MAX_FRAME_SIZE
 
 K = FrameKind
 LIMIT = 64 * 1024
@@ -82,7 +84,14 @@ def test_handshake_without_compression() -> None:
     assert frames_of(hello_bytes) == [
         (
             K.HELLO,
-            {"vpn": "v", "username": "u", "password": "p", "version": 1, "compression": []},
+            {
+                "vpn": "v",
+                "username": "u",
+                "password": "p",
+                "version": 1,
+                "max_frame_size": LIMIT,
+                "compression": [],
+            },
             b"",
         )
     ]
@@ -92,7 +101,9 @@ def test_handshake_without_compression() -> None:
     assert server.state is LinkState.OPEN
     assert server.compression is None
     welcome = server.data_to_send()
-    assert frames_of(welcome) == [(K.WELCOME, {"client_name": "c1", "compression": None}, b"")]
+    assert frames_of(welcome) == [
+        (K.WELCOME, {"max_frame_size": LIMIT, "client_name": "c1", "compression": None}, b"")
+    ]
     assert client.receive_data(welcome) == frames_of(welcome)
     assert client.state is LinkState.OPEN
     assert client.compression is None
@@ -113,7 +124,11 @@ def test_the_client_offers_what_it_is_given(offer: list[str] | None) -> None:
     client = LinkProtocol(Role.CLIENT, max_frame_size=LIMIT)
     client.hello({} if offer is None else {"compression": offer})
     [(_, hello, _)] = frames_of(client.data_to_send())
-    assert hello == {"version": PROTOCOL_VERSION, "compression": offer or []}
+    assert hello == {
+        "version": PROTOCOL_VERSION,
+        "max_frame_size": LIMIT,
+        "compression": offer or [],
+    }
 
 
 def test_frames_after_the_welcome_in_the_same_chunk_without_compression() -> None:
@@ -142,7 +157,8 @@ def test_handshake_with_compression_in_both_directions() -> None:
     for n in range(20):
         server.send(K.DELIVER, ["a/b", "x", n], body)
     sent = server.data_to_send()
-    welcome = encode_frame(K.WELCOME, {"client_name": "c", "compression": "zlib"})
+    welcome_header = {"max_frame_size": LIMIT, "client_name": "c", "compression": "zlib"}
+    welcome = encode_frame(K.WELCOME, welcome_header)
     assert sent.startswith(welcome)  # the WELCOME itself is plain
     assert len(sent) < len(welcome) + 5000  # the rest is compressed
     got = client.receive_data(sent)
@@ -150,7 +166,7 @@ def test_handshake_with_compression_in_both_directions() -> None:
         got += client.receive_data(b"")
     assert client.state is LinkState.OPEN
     assert client.compression == "zlib"
-    assert got[0] == (K.WELCOME, {"client_name": "c", "compression": "zlib"}, b"")
+    assert got[0] == (K.WELCOME, welcome_header, b"")
     assert got[1:] == [(K.DELIVER, ["a/b", "x", n], body) for n in range(20)]
     # client to server, compressed
     client.send(K.PUBLISH, ["a/b"], body)
@@ -178,7 +194,7 @@ def test_welcome_and_compressed_frames_split_at_every_byte() -> None:
     server.send(K.DELIVER, ["t", None, 1], b"abc" * 30)
     sent = server.data_to_send()
     expected = [
-        (K.WELCOME, {"compression": "zlib"}, b""),
+        (K.WELCOME, {"max_frame_size": LIMIT, "compression": "zlib"}, b""),
         (K.OK, {"id": 7}, b""),
         (K.DELIVER, ["t", None, 1], b"abc" * 30),
     ]
@@ -345,6 +361,59 @@ def test_client_frames_in_the_same_chunk_as_hello_are_refused() -> None:
     client.hello({})
     with pytest.raises(ProtocolError, match="before its login was answered"):
         server.receive_data(client.data_to_send() + b"\x00")
+
+
+def test_each_side_learns_the_largest_frame_its_peer_reads() -> None:
+    client = LinkProtocol(Role.CLIENT, max_frame_size=3 * LIMIT)
+    server = LinkProtocol(Role.SERVER, max_frame_size=2 * LIMIT)
+    assert client.peer_max_frame_size == server.peer_max_frame_size == MAX_FRAME_SIZE
+    client.hello({})
+    server.receive_data(client.data_to_send())
+    assert server.peer_max_frame_size == 3 * LIMIT
+    server.accept({}, compression=None)
+    client.receive_data(server.data_to_send())
+    assert client.peer_max_frame_size == 2 * LIMIT
+    # A peer that does not say reads what meshbus read before it said.
+    server = LinkProtocol(Role.SERVER, max_frame_size=LIMIT)
+    server.receive_data(encode_frame(K.HELLO, {"version": 1}))
+    assert server.peer_max_frame_size == MAX_FRAME_SIZE
+
+
+@pytest.mark.parametrize("size", [0, -1, 1.5, "big", None, True])
+@pytest.mark.parametrize("kind", [K.HELLO, K.WELCOME])
+def test_a_malformed_max_frame_size_is_refused(kind: FrameKind, size: Any) -> None:
+    role = Role.SERVER if kind == K.HELLO else Role.CLIENT
+    protocol = LinkProtocol(role, max_frame_size=LIMIT)
+    if role is Role.CLIENT:
+        protocol.hello({})
+    with pytest.raises(ProtocolError, match=f"{kind.name} max_frame_size must be a positive"):
+        protocol.receive_data(encode_frame(kind, {"version": 1, "max_frame_size": size}))
+    assert protocol.state is LinkState.CLOSED
+
+
+@pytest.mark.parametrize("role", [Role.SERVER, Role.CLIENT])
+def test_before_login_only_a_frame_of_the_handshake_size_is_read(role: Role) -> None:
+    protocol = LinkProtocol(role, max_frame_size=16 * LIMIT, handshake_frame_size=2048)
+    if role is Role.CLIENT:
+        protocol.hello({})
+    kind = K.HELLO if role is Role.SERVER else K.WELCOME
+    with pytest.raises(ProtocolError, match="frame of 2049 bytes is larger than the limit of 2048"):
+        protocol.receive_data(struct.pack("!IBI", 2049, kind, 10))  # the prefix is enough
+    assert protocol.state is LinkState.CLOSED
+    assert protocol.close_reason is not None
+    assert protocol.close_reason.endswith(" before login")
+    # after the handshake, frames up to max_frame_size
+    server = LinkProtocol(Role.SERVER, max_frame_size=16 * LIMIT, handshake_frame_size=2048)
+    client = LinkProtocol(Role.CLIENT, max_frame_size=16 * LIMIT, handshake_frame_size=2048)
+    client.hello({})
+    server.receive_data(client.data_to_send())
+    server.accept({}, compression=None)
+    client.receive_data(server.data_to_send())
+    body = bytes(8 * LIMIT)
+    client.send(K.PUBLISH, ["t"], body)
+    server.send(K.DELIVER, ["t", None, 0], body)
+    assert server.receive_data(client.data_to_send()) == [(K.PUBLISH, ["t"], body)]
+    assert client.receive_data(server.data_to_send()) == [(K.DELIVER, ["t", None, 0], body)]
 
 
 def test_client_frames_after_hello_before_welcome_are_refused() -> None:

@@ -554,6 +554,7 @@ async def test_node_statistics_of_a_management_user(node: Node, server: Server) 
         "failed",
         "bytes_received",
         "bytes_sent",
+        "turned_away",
     }
 
 
