@@ -27,7 +27,7 @@ import anyio.abc
 import pytest
 
 from meshbus import LimitExceededError, Message
-from meshbus.transports import FrameKind, LinkProtocol, LinkState, Role, connect
+from meshbus.transports import ConnectionState, FrameKind, LinkProtocol, Role, connect
 from meshbus.transports._connection import READ_SIZE
 from meshbus.transports._framing import HEADER_LIMIT, encode_frame
 
@@ -176,7 +176,7 @@ async def stalled_subscriber(address: tuple[str, int], subscription: str) -> any
     protocol.hello({"client_name": "stalled-" + subscription.split("/")[1]})
     await stream.send(protocol.data_to_send())
     with anyio.fail_after(10):
-        while protocol.state is LinkState.HANDSHAKE:
+        while protocol.state is ConnectionState.HANDSHAKE:
             protocol.receive_data(await stream.receive())
         await stream.send(encode_frame(K.SUBSCRIBE, {"id": 1, "subscription": subscription}))
         answers: list[Any] = []

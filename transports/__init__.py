@@ -14,7 +14,7 @@ from ._backoff import Backoff
 from ._client import RemoteSession, connect
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._memory import MemoryListener, MemoryNetwork, MemoryStream
-from ._protocol import PROTOCOL_VERSION, LinkProtocol, LinkState, Role
+from ._protocol import PROTOCOL_VERSION, ConnectionState, LinkProtocol, Role
 from ._remote_flow import RemoteFlow
 from ._server import Server, ServerStatistics, start_server
 from ._settings import (
@@ -37,7 +37,7 @@ __all__ = [
     "FrameDecoder",
     "FrameKind",
     "LinkProtocol",
-    "LinkState",
+    "ConnectionState",
     "ListenerSettings",
     "MemoryByteStream",
     "MemoryListener",

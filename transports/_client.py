@@ -29,6 +29,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import attrs
 
 from meshbus._egress import Egress
 from meshbus._messages import Message
@@ -45,6 +46,7 @@ from meshbus.errors import (
     TransportError,
 )
 
+from . import _events as ev
 from ._backoff import Backoff
 from ._codec import PublishEntry, decode_deliver, decode_deliver_batch, decode_flow_deliver
 from ._compression import ALGORITHMS
@@ -58,7 +60,7 @@ from ._outgoing import (
     send_refusal,
     wire_options,
 )
-from ._protocol import LinkProtocol, LinkState, Role
+from ._protocol import ConnectionState, LinkProtocol, Role
 from ._remote_flow import RemoteFlow, Request
 from ._settings import MAX_FRAME_SIZE, TlsSettings
 from ._streams import connect_stream
@@ -271,9 +273,9 @@ class RemoteSession:
         except BaseException:
             await connection.aclose()
             raise
-        name = welcome.get("client_name")
-        self.client_name = name if isinstance(name, str) else self.client_name
-        self.welcome = welcome
+        assert isinstance(welcome, ev.Welcome)
+        self.client_name = welcome.client_name or self.client_name
+        self.welcome = attrs.asdict(welcome)
         self._connection = connection
         self._protocol = protocol
         self._connected = True
@@ -362,7 +364,7 @@ class RemoteSession:
         on_frame = self._on_frame
         egress_push = self._egress.push
         handler = self._handler
-        while protocol.state is LinkState.OPEN:
+        while protocol.state is ConnectionState.OPEN:
             frames = await connection.receive_frames()
             for kind, header, payload in frames:
                 if kind == _DELIVER_BATCH:
@@ -387,44 +389,45 @@ class RemoteSession:
         if not self._closing:
             raise TransportError(f"node closed the connection: {protocol.close_reason}")
 
-    def _on_frame(self, kind: int, header: Any, payload: bytes) -> None:
+    def _on_frame(self, kind: int, event: Any, payload: bytes) -> None:
         if kind == _DELIVER:
-            self._egress.push(decode_deliver(header, payload))
+            self._egress.push(decode_deliver(event, payload))
         elif kind == _FLOW_DELIVER:
-            number, message = decode_flow_deliver(header, payload)
+            number, message = decode_flow_deliver(event, payload)
             flow = self._flows.get(number)
             if flow is not None:
                 flow._push(message)
-        elif kind in (_OK, _ERROR):
-            request_id = header.get("id")
-            request = self._requests.pop(request_id, None) if request_id is not None else None
-            if kind == _ERROR:
-                error = error_from(header)
-                if request is None:
-                    self._defer(error)
-                else:
-                    if request.frame[0] == K.SUBSCRIBE and not self.closed:
-                        # Refused: forget it (not restored) and report it at confirm().
-                        self._subscriptions.pop(request.frame[1]["subscription"], None)
-                        self._defer(error)
-                    elif request.flow is not None and request.flow in self._flow_list:
-                        log.warning("could not bind %r again: %s", request.flow, error)
-                        self._flow_list.remove(request.flow)
-                        request.flow.unbound = True
-                        request.flow._arrived.set()
-                    request.result = error
-                    request.done.set()
-            elif request is not None:
-                flow = request.flow
-                if flow is not None:
-                    number = header.get("flow")
-                    if type(number) is int:
-                        flow._rebound(number)
-                        self._flows[number] = flow
-                request.result = header
-                request.done.set()
-        elif kind == K.FLOW_CLOSED:
-            flow = self._flows.pop(header.get("flow"), None)  # type: ignore[arg-type]
+        elif isinstance(event, ev.ErrorAnswer):
+            request = self._requests.pop(event.id, None) if type(event.id) is int else None
+            error = error_from(event.header)
+            if request is None:
+                self._defer(error)
+                return
+            if request.frame[0] == K.SUBSCRIBE and not self.closed:
+                # Refused: forget it (not restored) and report it at confirm().
+                self._subscriptions.pop(request.frame[1]["subscription"], None)
+                self._defer(error)
+            elif request.flow is not None and request.flow in self._flow_list:
+                log.warning("could not bind %r again: %s", request.flow, error)
+                self._flow_list.remove(request.flow)
+                request.flow.unbound = True
+                request.flow._arrived.set()
+            request.result = error
+            request.done.set()
+        elif isinstance(event, ev.Ok):
+            request = self._requests.pop(event.id, None) if type(event.id) is int else None
+            if request is None:
+                return
+            flow = request.flow
+            if flow is not None:
+                number = event.result.get("flow")
+                if type(number) is int:
+                    flow._rebound(number)
+                    self._flows[number] = flow
+            request.result = event.result
+            request.done.set()
+        elif isinstance(event, ev.FlowClosed):
+            flow = self._flows.pop(event.flow, None) if type(event.flow) is int else None
             if flow is not None:
                 flow.unbound = True
                 flow._arrived.set()
@@ -449,8 +452,8 @@ class RemoteSession:
             self._written = anyio.Event()
 
     async def _keepalive(self, connection: Connection) -> None:
-        interval = float(self.welcome.get("keepalive", 10.0))
-        timeout = float(self.welcome.get("keepalive_timeout", 30.0))
+        interval = float(self.welcome["keepalive"])
+        timeout = float(self.welcome["keepalive_timeout"])
         # self._kick is replaced by the writer at every wake: look it up at each ping.
         await connection.keep_alive(interval, timeout, lambda: self._kick.set())
 

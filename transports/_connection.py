@@ -18,9 +18,10 @@ import anyio.lowlevel
 
 from meshbus.errors import AuthenticationError, MeshbusError, ProtocolError, TransportError
 
+from . import _events as ev
 from ._asyncio_tcp import AsyncioTcpStream
 from ._framing import FrameKind
-from ._protocol import LinkProtocol, LinkState, Role
+from ._protocol import ConnectionState, LinkProtocol, Role
 from ._streams import map_exceptions
 
 __all__ = ["READ_SIZE", "Connection", "unwrap_errors"]
@@ -79,7 +80,7 @@ class Connection:
             data = await self.stream.receive(READ_SIZE)
         return protocol.receive_data(data, _current_time())
 
-    async def receive_handshake(self) -> dict[str, Any]:
+    async def receive_handshake(self) -> ev.Hello | ev.Welcome:
         """Read until the handshake frame: HELLO (server side) or WELCOME (client side).
 
         :raises AuthenticationError: (client) the node refused the login.
@@ -91,19 +92,14 @@ class Connection:
             frames = await self.receive_frames()
             if not frames:
                 continue
-            kind, header, _ = frames[0]
-            if kind == FrameKind.REFUSED:
-                why = header.get("why") or header.get("message")
-                username = header.get("username")
-                raise AuthenticationError(
-                    username if isinstance(username, str) else "",
-                    str(why) if why else "login refused",
-                )
+            _, event, _ = frames[0]
+            if isinstance(event, ev.Refused):
+                raise AuthenticationError(event.username or "", event.why)
             if protocol.role is Role.CLIENT and len(frames) > 1:
                 self.early = frames[1:]
             else:
                 self.early = []
-            return header  # type: ignore[no-any-return]
+            return event  # type: ignore[no-any-return]
 
     async def flush(self) -> None:
         """Write whatever the protocol has queued. :raises TransportError: the write failed."""
@@ -170,7 +166,7 @@ class Connection:
 
     async def send_close(self, reason: str) -> None:
         """Tell the peer the connection is closing (best effort)."""
-        if self.protocol.state is LinkState.OPEN:
+        if self.protocol.state is ConnectionState.OPEN:
             try:
                 self.protocol.close(reason)
             except ProtocolError:

@@ -128,7 +128,6 @@ class FrameDecoder:
         "accept",
         "limit_note",
         "max_frame_size",
-        "saw_control",
     )
 
     def __init__(self, max_frame_size: int, accept: dict[int, type] | None = None) -> None:
@@ -141,8 +140,6 @@ class FrameDecoder:
         self._chunks: list[bytes] = []
         self._size = 0
         self._need = _PREFIX_SIZE  # bytes to hold before decoding can make progress
-        #: Set when a PING or CLOSE frame was decoded (the protocol answers those).
-        self.saw_control = False
 
     @property
     def buffered(self) -> int:
@@ -219,8 +216,6 @@ class FrameDecoder:
                     )
                 if shape is not None and type(header) is not shape:
                     raise ProtocolError(f"{FrameKind(kind).name} frame has a malformed header")
-                if kind < 6:  # CLOSE, PING and the handshake frames: the protocol looks
-                    self.saw_control = True
                 append((kind, header, data[split:end]))
                 offset = end
                 if len(frames) == limit:

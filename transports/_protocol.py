@@ -18,7 +18,15 @@ The conversation::
                                           <-  OK / ERROR / DELIVER / FLOW_DELIVER / PONG ...
 
 The client sends nothing after HELLO until WELCOME arrives. Every frame is
-checked against the state and the side it may come from before it is returned.
+checked against the state and the side it may come from before it is returned,
+and every control frame is returned as its typed event (:mod:`._events`): the
+layers above read typed fields, never a header's JSON.
+
+**Link mode.** A HELLO that names a ``link`` (a node opening a link to another:
+a bridge, a routing link) asks for link mode, and its WELCOME confirms it. Then
+both sides may send requests (SUBSCRIBE, SEND, BIND, ADVERTISE, ...) and answer
+the other's (OK, ERROR), each numbering its own requests, and messages travel as
+DELIVER frames in both directions, keeping their sender, timestamp and origin.
 
 Until the handshake is done a side reads only a small frame (a login is well under
 1 KB), so a connection that never logs in cannot make its peer hold more than that.
@@ -33,11 +41,13 @@ from typing import Any
 
 from meshbus.errors import ProtocolError
 
+from . import _events as ev
 from ._compression import ALGORITHMS, Compressor, Decompressor
+from ._events import CONTROL_KINDS, decode_event
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._settings import LOGIN_FRAME_SIZE, MAX_FRAME_SIZE
 
-__all__ = ["PROTOCOL_VERSION", "LinkProtocol", "LinkState", "Role"]
+__all__ = ["PROTOCOL_VERSION", "ConnectionState", "LinkProtocol", "Role"]
 
 _INFLATE_STEP = 1024 * 1024
 
@@ -56,7 +66,7 @@ class Role(enum.Enum):
     """Accepts connections on a listener and serves sessions."""
 
 
-class LinkState(enum.Enum):
+class ConnectionState(enum.Enum):
     """Where a connection is in its life."""
 
     HANDSHAKE = "handshake"
@@ -100,7 +110,11 @@ _CLIENT_RECEIVES = frozenset(
         K.ADVERTISE,
     }
 )
+# In link mode either side takes what both sides take in a session, but PUBLISH:
+# messages cross a link as DELIVER frames, with their sender and origin.
+_LINK_RECEIVES = (_SERVER_RECEIVES | _CLIENT_RECEIVES) - {K.PUBLISH, K.PUBLISH_BATCH}
 _ARRAY_HEADERS = frozenset({K.PUBLISH, K.DELIVER, K.FLOW_DELIVER, K.PUBLISH_BATCH, K.DELIVER_BATCH})
+_CONTROL = frozenset(int(k) for k in CONTROL_KINDS)
 
 
 def _shapes(kinds: frozenset[FrameKind]) -> dict[int, type]:
@@ -124,13 +138,16 @@ class LinkProtocol:
         handshake_frame_size: int = LOGIN_FRAME_SIZE,
     ) -> None:
         self.role = role
-        self.state = LinkState.HANDSHAKE
+        self.state = ConnectionState.HANDSHAKE
         self.max_frame_size = max_frame_size
         self._decoder = FrameDecoder(min(handshake_frame_size, max_frame_size))
         self._decoder.limit_note = " before login"
         #: The largest frame the peer reads, as its HELLO or WELCOME said (until then, and
         #: for peers that do not say, what meshbus read before it said so).
         self.peer_max_frame_size = MAX_FRAME_SIZE
+        #: Whether the connection is a link between nodes (see the module's docs): set
+        #: when the client's HELLO names a link.
+        self.link_mode = False
         self._receives = _shapes(_SERVER_RECEIVES if role is Role.SERVER else _CLIENT_RECEIVES)
         self._out = bytearray()
         self._compressor: Compressor | None = None
@@ -151,7 +168,7 @@ class LinkProtocol:
 
     def send(self, kind: FrameKind, header: Any, payload: bytes = b"") -> None:
         """Queue a frame for :meth:`data_to_send`."""
-        if self.state is LinkState.CLOSED:
+        if self.state is ConnectionState.CLOSED:
             raise ProtocolError(f"connection is closed ({self.close_reason})")
         self._out += encode_frame(kind, header, payload)
 
@@ -186,8 +203,10 @@ class LinkProtocol:
 
     def hello(self, header: dict[str, Any]) -> None:
         """Client: queue HELLO (``version``, ``max_frame_size`` and the compression offer
-        are filled in)."""
+        are filled in). A ``link`` in ``header`` asks for link mode."""
         self._expect(Role.CLIENT, "hello")
+        if header.get("link") is not None:
+            self._link_mode()
         offer = header.get("compression") or []
         self.send(
             K.HELLO,
@@ -201,8 +220,11 @@ class LinkProtocol:
 
     def accept(self, header: dict[str, Any], *, compression: str | None) -> None:
         """Server: queue WELCOME and open the connection, switching on ``compression``
-        (``max_frame_size`` is filled in unless ``header`` has it)."""
+        (``max_frame_size`` is filled in unless ``header`` has it; in link mode the
+        header must name the ``link`` kind accepted)."""
         self._expect(Role.SERVER, "accept")
+        if self.link_mode and not header.get("link"):
+            raise ProtocolError("a link's WELCOME must name the link kind accepted")
         self.send(
             K.WELCOME,
             {"max_frame_size": self.max_frame_size, **header, "compression": compression},
@@ -222,12 +244,16 @@ class LinkProtocol:
 
     def close(self, reason: str) -> None:
         """Queue CLOSE (if still open) and mark the connection closed."""
-        if self.state is LinkState.OPEN:
+        if self.state is ConnectionState.OPEN:
             self.send(K.CLOSE, {"reason": reason})
         self._closed(reason)
 
+    def _link_mode(self) -> None:
+        self.link_mode = True
+        self._receives = _shapes(_LINK_RECEIVES)
+
     def _expect(self, role: Role, action: str) -> None:
-        if self.role is not role or self.state is not LinkState.HANDSHAKE:
+        if self.role is not role or self.state is not ConnectionState.HANDSHAKE:
             raise ProtocolError(f"{action}() is for the {role.value} during the handshake")
 
     def _open(self, compression: str | None) -> None:
@@ -239,7 +265,7 @@ class LinkProtocol:
             # the I/O layer calls again while has_pending_input, before reading more.
             self._decompressor = Decompressor(min(self.max_frame_size, _INFLATE_STEP))
         self.compression = compression
-        self.state = LinkState.OPEN
+        self.state = ConnectionState.OPEN
         decoder = self._decoder
         decoder.accept = self._receives  # from now on: only the kinds this side takes
         decoder.max_frame_size = self.max_frame_size  # and frames of any size it takes
@@ -248,8 +274,8 @@ class LinkProtocol:
         self._held = self._decoder.take_buffer()
 
     def _closed(self, reason: str) -> None:
-        if self.state is not LinkState.CLOSED:
-            self.state = LinkState.CLOSED
+        if self.state is not ConnectionState.CLOSED:
+            self.state = ConnectionState.CLOSED
             self.close_reason = reason
 
     # --- receiving ----------------------------------------------------------------
@@ -263,28 +289,30 @@ class LinkProtocol:
         :raises ProtocolError: the bytes break the protocol; the connection is
             then closed and must be dropped.
         """
-        if self.state is LinkState.CLOSED:
+        if self.state is ConnectionState.CLOSED:
             return []
         self.last_received = now
         self.bytes_received += len(data)
         if self._held:
             data, self._held = self._held + data, b""
         try:
-            if self.state is LinkState.HANDSHAKE:
+            if self.state is ConnectionState.HANDSHAKE:
                 frames = self._handshake(data)
-                if self.state is LinkState.OPEN and self._held:
+                if self.state is ConnectionState.OPEN and self._held:
                     frames += self.receive_data(b"", now)
                 return frames
             decoder = self._decoder
             frames = decoder.feed(data) if self._decompressor is None else self._inflate(data)
-            if decoder.saw_control:
-                decoder.saw_control = False
-                for kind, header, _ in frames:
-                    if kind == K.PING:
-                        self.send(K.PONG, {})
-                    elif kind == K.CLOSE:
-                        reason = header.get("reason")
-                        self._closed(f"peer closed: {reason if isinstance(reason, str) else '?'}")
+            control = _CONTROL
+            for i, (kind, header, payload) in enumerate(frames):
+                if kind not in control:
+                    continue  # data frames: the codec decodes them where they are used
+                event = decode_event(kind, header)
+                frames[i] = (kind, event, payload)
+                if kind == K.PING:
+                    self.send(K.PONG, {})
+                elif kind == K.CLOSE:
+                    self._closed(f"peer closed: {event.reason}")
             return frames
         except ProtocolError as exc:
             self._closed(str(exc))
@@ -306,7 +334,7 @@ class LinkProtocol:
         frames = self._decoder.feed(data, limit=1)
         if not frames:
             return []
-        kind, header, _ = frames[0]
+        kind, header, payload = frames[0]
         if type(header) is not dict:
             raise ProtocolError(f"{FrameKind(kind).name} frame has a malformed header")
         if self.role is Role.SERVER:
@@ -315,40 +343,34 @@ class LinkProtocol:
             version = header.get("version")
             if type(version) is not int or version != PROTOCOL_VERSION:  # not True, not 1.0
                 raise ProtocolError(f"protocol version {version!r} is not supported")
-            offer = header.get("compression", [])
-            if not isinstance(offer, list):
-                raise ProtocolError("HELLO compression offer must be a list")
-            self.peer_max_frame_size = _frame_size(header, "HELLO")
+            hello: ev.Hello = decode_event(kind, header)
+            if hello.max_frame_size is not None:
+                self.peer_max_frame_size = hello.max_frame_size
+            if hello.link is not None:
+                self._link_mode()
             if self._decoder.buffered:
                 raise ProtocolError("client sent frames before its login was answered")
-            return frames
+            return [(kind, hello, payload)]
         if kind == K.WELCOME:
-            compression = header.get("compression")
-            if compression is not None and not isinstance(compression, str):
-                raise ProtocolError("WELCOME names a malformed compression")
-            self.peer_max_frame_size = _frame_size(header, "WELCOME")
-            self._open(compression)
-            return frames
+            welcome: ev.Welcome = decode_event(kind, header)
+            if self.link_mode and welcome.link is None:
+                raise ProtocolError("the node did not accept a link: it logged in a session")
+            if welcome.max_frame_size is not None:
+                self.peer_max_frame_size = welcome.max_frame_size
+            self._open(welcome.compression)
+            return [(kind, welcome, payload)]
         if kind == K.REFUSED:
-            self._closed(f"refused: {header.get('message')}")
-            return frames
+            refused: ev.Refused = decode_event(kind, header)
+            self._closed(f"refused: {refused.message}")
+            return [(kind, refused, payload)]
         raise ProtocolError(f"expected WELCOME or REFUSED, got {FrameKind(kind).name}")
 
     # --- keepalive ----------------------------------------------------------------
 
     def ping_due(self, now: float, interval: float) -> bool:
         """Whether nothing was sent for ``interval`` seconds (then send a PING)."""
-        return self.state is LinkState.OPEN and now - self.last_sent >= interval
+        return self.state is ConnectionState.OPEN and now - self.last_sent >= interval
 
     def peer_silent(self, now: float, timeout: float) -> bool:
         """Whether nothing arrived for ``timeout`` seconds: the peer is taken as dead."""
         return now - self.last_received >= timeout
-
-
-def _frame_size(header: dict[str, Any], what: str) -> int:
-    """The ``max_frame_size`` a handshake frame announces (a meshbus that does not
-    announce one reads :data:`MAX_FRAME_SIZE`)."""
-    size = header.get("max_frame_size", MAX_FRAME_SIZE)
-    if type(size) is not int or size < 1:
-        raise ProtocolError(f"{what} max_frame_size must be a positive integer, got {size!r}")
-    return size

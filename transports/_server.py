@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -33,6 +33,7 @@ from meshbus.errors import (
     TransportError,
 )
 
+from . import _events as ev
 from ._asyncio_tcp import adopt_tcp_stream
 from ._compression import ALGORITHMS
 from ._connection import Connection
@@ -276,44 +277,27 @@ class Server:
     async def _login(
         self,
         connection: Connection,
-        hello: dict[str, Any],
+        hello: ev.Hello,
         certificate_name: str | None,
         address: str | None,
     ) -> ServedSession | None:
         protocol = connection.protocol
-        vpn = username = ""
+        vpn = hello.vpn or "default"
+        username = hello.username or certificate_name or "default"
         try:
-            vpn = _text(hello, "vpn", "default")
-            username = _text(hello, "username", certificate_name or "default")
-            password = hello.get("password")
-            client_name = hello.get("client_name")
-            no_local = hello.get("no_local", False)
-            timestamps = hello.get("timestamps", False)
-            if password is not None and not isinstance(password, str):
-                raise ProtocolError("HELLO password must be a string")
-            if client_name is not None and not isinstance(client_name, str):
-                raise ProtocolError("HELLO client_name must be a string")
-            if not isinstance(no_local, bool):
-                raise ProtocolError("HELLO no_local must be a boolean")
-            if not isinstance(timestamps, bool):
-                raise ProtocolError("HELLO timestamps must be a boolean")
             # Never a password check on the event loop, and a refusal that says
             # nothing of the username (SPEC 6): the node's login does both, and
             # slows down repeated failures from this address.
             session = await self.node.login(
                 vpn,
                 username=username,
-                password=password,
-                client_name=client_name,
-                no_local=no_local,
-                timestamps=timestamps,
+                password=hello.password,
+                client_name=hello.client_name,
+                no_local=hello.no_local,
+                timestamps=hello.timestamps,
                 certificate_name=certificate_name,
                 address=address,
             )
-        except ProtocolError as exc:
-            self.failed += 1
-            log.warning("closing connection from %s: %s", connection.peer, exc)
-            return None
         except MeshbusError as exc:
             self.refused += 1
             code = "authentication" if isinstance(exc, AccessDeniedError) else "refused"
@@ -328,8 +312,7 @@ class Server:
                 protocol.refuse(code, str(exc))
             await connection.flush_quietly()
             return None
-        offer = hello.get("compression", [])
-        compression = next((a for a in ALGORITHMS if a in offer), None)
+        compression = next((a for a in ALGORITHMS if a in hello.compression), None)
         if not self.settings.compression:
             compression = None
         protocol.accept(
@@ -337,6 +320,8 @@ class Server:
                 "client_name": session.client_name,
                 "vpn": vpn,
                 "node": self.node.name,
+                "node_id": self.node.node_id,
+                "cluster": self.node.cluster,
                 "keepalive": self.settings.keepalive,
                 "keepalive_timeout": self.settings.keepalive_timeout,
                 "max_frame_size": self.settings.max_frame_size,
@@ -421,15 +406,6 @@ SERVERS: StashKey[list[Server]] = StashKey()
 
 WRITE_THROUGH: StashKey[WriteThrough] = StashKey()
 """The node's :class:`WriteThrough`, shared by its listeners' connections."""
-
-
-def _text(hello: dict[str, Any], key: str, default: str) -> str:
-    value = hello.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise ProtocolError(f"HELLO {key} must be a string")
-    return value
 
 
 def _peer_address(stream: anyio.abc.ByteStream) -> str | None:

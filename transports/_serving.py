@@ -37,23 +37,22 @@ from meshbus.errors import (
     TransportError,
 )
 
+from . import _events as ev
+from ._answering import Answers, ServedFlows
 from ._codec import (
     FrameTooLarge,
     decode_publish,
     decode_publish_batch,
     encode_deliver,
     encode_deliver_batch,
-    encode_flow_deliver,
 )
 from ._connection import unwrap_errors
 from ._framing import FrameKind
-from ._protocol import LinkState
+from ._protocol import ConnectionState
 from ._settings import ListenerSettings
-from ._wire_errors import error_attributes, error_code
 
 if TYPE_CHECKING:
     from meshbus._session import Session
-    from meshbus.abc import Flow
 
     from ._connection import Connection
 
@@ -118,14 +117,12 @@ class ServedSession:
         self.protocol = connection.protocol
         self.session = session
         self.settings = settings
-        self._sends: deque[tuple[int, dict[str, Any], bytes]] = deque()
+        self._sends: deque[tuple[ev.Send, bytes]] = deque()
         self._sends_waiting = anyio.Event()
         self._sends_room = anyio.Event()
         self._send_bytes = 0  # payload bytes appended to _sends, at least what it holds
-        self._flows: dict[int, tuple[Flow, anyio.CancelScope, dict[int, Message]]] = {}
-        self._flow_numbers = 0
-        self._flow_done: dict[int, anyio.Event] = {}
-        self.errors_sent = 0
+        self.answers = Answers(connection)
+        self.flows = ServedFlows(connection, self.answers)
         #: Messages that could not be written: headers JSON cannot hold, or a message
         #: larger than the client reads (both only from in-process publishers).
         self.undeliverable = 0
@@ -150,11 +147,7 @@ class ServedSession:
                     await self._read()
                     tg.cancel_scope.cancel()
         finally:
-            for flow, scope, _ in self._flows.values():
-                scope.cancel()
-                if hasattr(flow, "detach"):
-                    flow.detach()  # unacknowledged messages go back for redelivery
-            self._flows.clear()
+            self.flows.close()  # unacknowledged messages go back for redelivery
 
     # --- reading --------------------------------------------------------------------
 
@@ -164,13 +157,13 @@ class ServedSession:
         session = self.session
         publish = session.publish
         write_through = self._write_through
-        while protocol.state is LinkState.OPEN:
+        while protocol.state is ConnectionState.OPEN:
             try:
                 frames = await connection.receive_frames()
             except ProtocolError:
                 raise  # a violation, even though the protocol has marked itself closed
             except TransportError as exc:
-                if protocol.state is LinkState.OPEN:  # not a goodbye: a failure
+                if protocol.state is ConnectionState.OPEN:  # not a goodbye: a failure
                     raise
                 log.debug("connection from %s ended: %s", connection.peer, exc)
                 return
@@ -182,9 +175,9 @@ class ServedSession:
                     elif kind == _PUBLISH:
                         topic, options = decode_publish(header)
                         entries = [(topic, payload, options)]
-                    else:
+                    else:  # a control frame: the protocol made it an event
                         write_through.drain()  # before any await: others run meanwhile
-                        await self._control(kind, header, payload)
+                        await self._control(header, payload)
                         write_through.active = True
                         continue
                     for topic, body, options in entries:
@@ -194,7 +187,7 @@ class ServedSession:
                             else:
                                 self._publish_with(topic, body, options)
                         except (MeshbusError, TypeError, ValueError) as exc:
-                            self._error(None, exc, topic=topic)
+                            self.answers.error(None, exc, topic=topic)
             finally:
                 write_through.drain()
             if protocol.out:
@@ -224,60 +217,55 @@ class ServedSession:
             correlation_id=correlation_id,
         )
 
-    def _error(self, request: int | None, exc: BaseException, **extra: Any) -> None:
-        if isinstance(exc, ProtocolError):
-            raise exc
-        if self.protocol.state is not LinkState.OPEN:
-            return  # the peer said goodbye (or broke the protocol) in the same read
-        self.errors_sent += 1
-        header: dict[str, Any] = {"error": error_code(exc), "message": str(exc), **extra}
-        if request is not None:
-            header["id"] = request
-        attributes = error_attributes(exc)
-        if attributes:
-            header["attrs"] = attributes
-        self.protocol.send(K.ERROR, header)
+    @property
+    def errors_sent(self) -> int:
+        """ERROR frames written for this connection's requests and publishes."""
+        return self.answers.errors_sent
 
-    def _ok(self, request: int, **result: Any) -> None:
-        if self.protocol.state is LinkState.OPEN:
-            self.protocol.send(K.OK, {"id": request, **result})
-
-    async def _control(self, kind: int, header: dict[str, Any], payload: bytes) -> None:
-        request = header.get("id")
-        if kind in (K.PING, K.PONG, K.CLOSE, K.ADVERTISE):
-            return  # pings are answered by the protocol; adverts are for node links
-        if kind == K.ACK:
+    async def _control(self, event: object, payload: bytes) -> None:
+        answers = self.answers
+        if isinstance(event, ev.Ack):
             try:
-                self._ack(header)
+                self.flows.ack(event)
             except StateError as exc:
-                self._error(None, exc)
+                answers.error(None, exc)
             return
-        if type(request) is not int:
-            raise ProtocolError(f"{K(kind).name} frame needs an integer 'id'")
+        if isinstance(event, ev.Send):  # answered by the sender, in order
+            self._sends.append((event, payload))
+            self._sends_waiting.set()
+            self._send_bytes += len(payload)
+            while len(self._sends) >= _MAX_PIPELINED_SENDS or self._sends_too_large():
+                self._sends_room = anyio.Event()
+                await self._sends_room.wait()
+            return
+        request = getattr(event, "id", None)
+        if request is None:
+            return  # PING (answered by the protocol), PONG, CLOSE, ADVERTISE (links only)
         try:
-            if kind == K.SUBSCRIBE:
-                self.session.subscribe(_string(header, "subscription"))
-                self._ok(request)
-            elif kind == K.UNSUBSCRIBE:
-                self.session.unsubscribe(_string(header, "subscription"))
-                self._ok(request)
-            elif kind == K.SEND:
-                self._sends.append((request, header, payload))
-                self._sends_waiting.set()
-                self._send_bytes += len(payload)
-                while len(self._sends) >= _MAX_PIPELINED_SENDS or self._sends_too_large():
-                    self._sends_room = anyio.Event()
-                    await self._sends_room.wait()
-            elif kind == K.BIND:
-                await self._bind(request, header)
-            elif kind == K.UNBIND:
-                await self._unbind(request, header)
-            elif kind == K.REQUEST:
-                self._request(request, header)
+            if isinstance(event, ev.Subscribe):
+                self.session.subscribe(event.subscription)
+                answers.ok(request)
+            elif isinstance(event, ev.Unsubscribe):
+                self.session.unsubscribe(event.subscription)
+                answers.ok(request)
+            elif isinstance(event, ev.Bind):
+                if event.endpoint is not None:
+                    assert event.subscription is not None
+                    flow = await self.session.bind_topic_endpoint(
+                        event.endpoint, event.subscription, window=event.window
+                    )
+                else:
+                    assert event.queue is not None
+                    flow = await self.session.bind(event.queue, window=event.window)
+                self.flows.bound(request, flow, self._tg)
+            elif isinstance(event, ev.Unbind):
+                await self.flows.unbind(event)
+            elif isinstance(event, ev.Request):
+                self._request(event)
         except ProtocolError:
             raise
         except (MeshbusError, TypeError, ValueError) as exc:
-            self._error(request, exc)
+            answers.error(request, exc)
 
     def _sends_too_large(self) -> bool:
         """Whether the sends waiting for the spool hold too many bytes to read more.
@@ -288,15 +276,15 @@ class ServedSession:
         if self._send_bytes <= _MAX_PIPELINED_BYTES:
             return False
         sends = self._sends
-        self._send_bytes = sum(len(payload) for _, _, payload in sends)
+        self._send_bytes = sum(len(payload) for _, payload in sends)
         return len(sends) > 1 and self._send_bytes > _MAX_PIPELINED_BYTES
 
-    def _request(self, request: int, header: dict[str, Any]) -> None:
-        what = header.get("what")
+    def _request(self, event: ev.Request) -> None:
+        what = event.what
         if what == "sync":  # a barrier: everything sent before it has been applied
-            self._ok(request)
+            self.answers.ok(event.id)
         elif what == "stats":
-            self._ok(request, result=node_statistics(self.session))
+            self.answers.ok(event.id, result=node_statistics(self.session))
         else:
             raise StateError(f"unknown request {what!r}")
 
@@ -318,128 +306,44 @@ class ServedSession:
                     raise  # the connection ends: the client fails what it still waits for
                 except (MeshbusError, TypeError, ValueError) as exc:
                     results = [exc] * len(batch)
-                for (request, _, _), result in zip(batch, results, strict=True):
+                for (send, _), result in zip(batch, results, strict=True):
                     if result is None:
-                        self._ok(request)
+                        self.answers.ok(send.id)
                     else:
-                        self._error(request, result)
+                        self.answers.error(send.id, result)
             await self.connection.flush()
 
-    def _next_sends(self) -> list[tuple[int, dict[str, Any], bytes]]:
+    def _next_sends(self) -> list[tuple[ev.Send, bytes]]:
         """The next SEND, with the pipelined ones behind it that can share its commit."""
         sends = self._sends
         batch = [sends.popleft()]
-        header = batch[0][1]
-        if _batchable(header):
-            while sends and _batchable(sends[0][1]) and _same_send(sends[0][1], header):
+        first = batch[0][0]
+        if first.batchable:
+            while sends and sends[0][0].batchable and _same_send(sends[0][0], first):
                 batch.append(sends.popleft())
         if len(sends) < _MAX_PIPELINED_SENDS:
             self._sends_room.set()
         return batch
 
-    async def _send(self, batch: list[tuple[int, dict[str, Any], bytes]]) -> list[Any]:
+    async def _send(self, batch: list[tuple[ev.Send, bytes]]) -> list[Any]:
         """Send ``batch``; one result per request: ``None`` (held) or the refusal.
 
         Raises when the batch is refused as a whole.
         """
         session = self.session
-        _, header, payload = batch[0]
-        options = _send_options(header)
-        if header.get("queue") is not None:
+        send, payload = batch[0]
+        options = _send_options(send)
+        if send.queue is not None:
             options.pop("eliding_eligible", None)
-            await session.send_to_queue(_string(header, "queue"), payload, **options)
+            await session.send_to_queue(send.queue, payload, **options)
             return [None]
+        assert send.topic is not None
         if len(batch) == 1:
-            await session.send(_string(header, "topic"), payload, **options)
+            await session.send(send.topic, payload, **options)
             return [None]
         # Only batchable sends get here: their options are the ones send_many takes.
-        messages = [(_string(each, "topic"), body) for _, each, body in batch]
+        messages = [(each.topic or "", body) for each, body in batch]
         return await session.send_many(messages, **options)
-
-    # --- flows --------------------------------------------------------------------------
-
-    async def _bind(self, request: int, header: dict[str, Any]) -> None:
-        window = header.get("window", 255)
-        if type(window) is not int or not 1 <= window <= 65535:
-            raise ProtocolError("BIND window must be an integer from 1 to 65535")
-        if "endpoint" in header:
-            flow = await self.session.bind_topic_endpoint(
-                _string(header, "endpoint"), _string(header, "subscription"), window=window
-            )
-        else:
-            flow = await self.session.bind(_string(header, "queue"), window=window)
-        self._flow_numbers += 1
-        number = self._flow_numbers
-        scope = anyio.CancelScope()
-        unacked: dict[int, Message] = {}
-        self._flows[number] = (flow, scope, unacked)
-        self._flow_done[number] = done = anyio.Event()
-        self._tg.start_soon(self._feed_flow, number, flow, scope, unacked, done)
-        self._ok(request, flow=number)
-
-    async def _feed_flow(
-        self,
-        number: int,
-        flow: Flow,
-        scope: anyio.CancelScope,
-        unacked: dict[int, Message],
-        done: anyio.Event,
-    ) -> None:
-        try:
-            await self._feed(number, flow, scope, unacked)
-        finally:
-            done.set()
-            self._flow_done.pop(number, None)
-
-    async def _feed(
-        self, number: int, flow: Flow, scope: anyio.CancelScope, unacked: dict[int, Message]
-    ) -> None:
-        protocol = self.protocol
-        with scope:
-            while True:
-                try:
-                    message = await flow.receive()
-                except StateError as exc:  # unbound from the node's side
-                    if number in self._flows and protocol.state is LinkState.OPEN:
-                        del self._flows[number]
-                        protocol.send(K.FLOW_CLOSED, {"flow": number, "reason": str(exc)})
-                        await self.connection.flush()
-                    return
-                message_id = message.message_id
-                assert message_id is not None
-                unacked[message_id] = message
-                protocol.send_raw(encode_flow_deliver(number, message_id, message))
-                await self.connection.flush()
-
-    async def _unbind(self, request: int, header: dict[str, Any]) -> None:
-        number = header.get("flow")
-        entry = self._flows.pop(number, None) if type(number) is int else None
-        if entry is None:
-            raise StateError(f"no flow {number!r} on this connection")
-        flow, scope, _ = entry
-        done = self._flow_done.get(number)
-        scope.cancel()
-        if done is not None:
-            # Let the feeder finish first: cancelled inside an ack commit it gives the ids
-            # back, and the unbind below must commit them.
-            await done.wait()
-        await flow.unbind()
-        self._ok(request)
-
-    def _ack(self, header: dict[str, Any]) -> None:
-        number = header.get("flow")
-        ids = header.get("ids")
-        entry = self._flows.get(number) if type(number) is int else None
-        if type(ids) is not list:
-            raise ProtocolError("ACK needs a list of 'ids'")
-        if entry is None:
-            return  # acks racing an unbind: the messages were already given back
-        flow, _, unacked = entry
-        for message_id in ids:
-            message = unacked.pop(message_id, None) if type(message_id) is int else None
-            if message is None:
-                raise StateError(f"message {message_id!r} is not unacknowledged on flow {number}")
-            flow.ack(message)
 
     # --- deliveries and keepalive -------------------------------------------------------
 
@@ -497,7 +401,7 @@ class ServedSession:
         receive_nowait = self.session.receive_nowait
         # Take messages only while they can be written at once: frames left queued
         # with no message behind them would wait for the next delivery.
-        while self.protocol.state is LinkState.OPEN and connection.can_flush_nowait():
+        while self.protocol.state is ConnectionState.OPEN and connection.can_flush_nowait():
             message = receive_nowait()
             if message is None:
                 return
@@ -551,33 +455,10 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return attrs.asdict(value)
 
 
-def _string(header: dict[str, Any], key: str) -> str:
-    value = header.get(key)
-    if type(value) is not str:
-        raise ProtocolError(f"'{key}' must be a string")
-    return value
-
-
-_SEND_KEYS = ("persistent", "h", "ttl")
-_MISSING = object()
-
-
-def _batchable(header: dict[str, Any]) -> bool:
-    """A SEND that :meth:`~meshbus.Session.send_many` can carry: to a topic, without a
-    reply-to, correlation id or eliding flag (those are per message, not per batch)."""
-    return (
-        type(header.get("topic")) is str
-        and header.get("queue") is None
-        and "r" not in header
-        and "c" not in header
-        and "e" not in header
-    )
-
-
-def _same_send(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _same_send(a: ev.Send, b: ev.Send) -> bool:
     """Whether two SENDs have the same options, as the wire gave them: ``1`` and ``true``
     differ, so a batch never lets through what the first one's checks would refuse."""
-    return all(_same(a.get(k, _MISSING), b.get(k, _MISSING)) for k in _SEND_KEYS)
+    return a.persistent is b.persistent and _same(a.headers, b.headers) and _same(a.ttl, b.ttl)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -590,22 +471,17 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _send_options(header: dict[str, Any]) -> dict[str, Any]:
-    persistent = header.get("persistent", True)
-    headers = header.get("h")
-    ttl = header.get("ttl")
-    if type(persistent) is not bool:
-        raise ProtocolError("SEND persistent must be a boolean")
-    if headers is not None and type(headers) is not dict:
-        raise ProtocolError("SEND headers must be an object")
-    options: dict[str, Any] = {"persistent": persistent, "headers": headers, "ttl": ttl}
-    for wire, name, kind in (
-        ("e", "eliding_eligible", bool),
-        ("r", "reply_to", str),
-        ("c", "correlation_id", str),
-    ):
-        if wire in header:
-            if type(header[wire]) is not kind:
-                raise ProtocolError(f"SEND {name} must be a {kind.__name__}")
-            options[name] = header[wire]
+_OPTION_NAMES = (("e", "eliding_eligible"), ("r", "reply_to"), ("c", "correlation_id"))
+
+
+def _send_options(send: ev.Send) -> dict[str, Any]:
+    """The keyword arguments of ``Session.send`` a SEND asks for."""
+    options: dict[str, Any] = {
+        "persistent": send.persistent,
+        "headers": send.headers,
+        "ttl": send.ttl,
+    }
+    for wire, name in _OPTION_NAMES:
+        if wire in send.options:
+            options[name] = send.options[wire]
     return options

@@ -276,16 +276,6 @@ def test_accept_limits_the_kinds_and_the_header_shapes() -> None:
         FrameDecoder(1024, accept).feed(PREFIX.pack(500, FrameKind.SEND, 2))
 
 
-def test_the_decoder_flags_control_frames() -> None:
-    decoder = FrameDecoder(1024)
-    decoder.feed(encode_frame(FrameKind.PUBLISH, ["t"]) + encode_frame(FrameKind.OK, {}))
-    assert not decoder.saw_control
-    for kind in (FrameKind.HELLO, FrameKind.CLOSE, FrameKind.PING):
-        decoder.saw_control = False
-        decoder.feed(encode_frame(kind, {}))
-        assert decoder.saw_control
-
-
 # --- compression ----------------------------------------------------------------------------
 
 

@@ -40,9 +40,9 @@ from hypothesis import strategies as st
 from meshbus import HEADER_LIMITS, Node, Session
 from meshbus.errors import ProtocolError
 from meshbus.transports import (
+    ConnectionState,
     FrameKind,
     LinkProtocol,
-    LinkState,
     ListenerSettings,
     MemoryByteStream,
     Role,
@@ -50,6 +50,7 @@ from meshbus.transports import (
     encode_frame,
     memory_stream_pair,
 )
+from meshbus.transports import _events as ev
 from meshbus.transports._codec import decode_deliver_batch, options_to_wire
 from meshbus.transports._compression import Compressor
 from meshbus.transports._framing import HEADER_DEPTH_LIMIT
@@ -431,6 +432,17 @@ CLIENTS: list[Client] = []
 """Clients not yet closed: :func:`serving` closes them when a test fails half-way."""
 
 
+def as_header(event: Any) -> Any:
+    """A control frame's event as the header it came in (what these tests look at)."""
+    if isinstance(event, ev.Ok):
+        return {"id": event.id, **event.result}
+    if isinstance(event, ev.ErrorAnswer):
+        return event.header
+    if attrs.has(type(event)):
+        return attrs.asdict(event)
+    return event
+
+
 class Client:
     """A remote client made by hand over a memory pair (a :class:`LinkProtocol` and our end
     of the stream), served by ``server`` in ``tg``: it can write anything at any time."""
@@ -454,7 +466,7 @@ class Client:
         self.protocol.hello(hello)
         await self.flush()
         with anyio.fail_after(5):
-            while self.protocol.state is LinkState.HANDSHAKE:
+            while self.protocol.state is ConnectionState.HANDSHAKE:
                 await self.read()
         return self.frames.pop(0)
 
@@ -483,7 +495,7 @@ class Client:
                     for m in decode_deliver_batch(header, payload)
                 ]
             else:
-                self.frames.append((kind, header, payload))
+                self.frames.append((kind, as_header(header), payload))
         await self.flush()  # PONGs
 
     async def wait_for(self, match: Callable[[tuple[int, Any, bytes]], bool]) -> Any:
@@ -516,13 +528,13 @@ async def replay(server: Server, attack: Attack, peer: str) -> None:
         try:
             while True:
                 data = await ours.receive(1 << 20)
-                if watcher.state is LinkState.HANDSHAKE:
+                if watcher.state is ConnectionState.HANDSHAKE:
                     try:
                         watcher.receive_data(data)
                     except ProtocolError:  # pragma: no cover - the node answers properly
                         answered.set()
                         raise
-                    if watcher.state is not LinkState.HANDSHAKE:
+                    if watcher.state is not ConnectionState.HANDSHAKE:
                         answered.set()
         except _GONE:
             pass
@@ -715,7 +727,7 @@ async def test_wrong_password_and_unknown_vpn_are_refused_with_a_clear_error_and
             with anyio.fail_after(5):
                 await client.served.wait()  # the node hung up
             await client.ours.aclose()
-            assert client.protocol.state is LinkState.CLOSED
+            assert client.protocol.state is ConnectionState.CLOSED
             assert server.statistics().refused == n
             assert vpn.login_failures == failures + counted
             [warning] = warnings_for(caplog, f"client-{n}")

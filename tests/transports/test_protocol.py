@@ -10,8 +10,10 @@ import orjson
 import pytest
 
 from meshbus.errors import ProtocolError
+from meshbus.transports import _events as ev
+from meshbus.transports._events import CONTROL_KINDS, decode_event
 from meshbus.transports._framing import FrameDecoder, FrameKind, encode_frame
-from meshbus.transports._protocol import PROTOCOL_VERSION, LinkProtocol, LinkState, Role
+from meshbus.transports._protocol import PROTOCOL_VERSION, ConnectionState, LinkProtocol, Role
 from meshbus.transports._settings import MAX_FRAME_SIZE
 
 K = FrameKind
@@ -47,13 +49,58 @@ CLIENT_RECEIVES = {
 ARRAY_HEADERS = {K.PUBLISH, K.DELIVER, K.FLOW_DELIVER, K.PUBLISH_BATCH, K.DELIVER_BATCH}
 
 
+VALID_HEADERS: dict[FrameKind, Any] = {
+    K.HELLO: {"version": 1},
+    K.WELCOME: {},
+    K.REFUSED: {"error": "refused", "message": "no"},
+    K.CLOSE: {"reason": "bye"},
+    K.PING: {},
+    K.PONG: {},
+    K.SUBSCRIBE: {"id": 1, "subscription": "t"},
+    K.UNSUBSCRIBE: {"id": 1, "subscription": "t"},
+    K.OK: {"id": 1},
+    K.ERROR: {"id": 1, "error": "state", "message": "no"},
+    K.SEND: {"id": 1, "topic": "t"},
+    K.BIND: {"id": 1, "queue": "q"},
+    K.UNBIND: {"id": 1, "flow": 1},
+    K.ACK: {"flow": 1, "ids": [1]},
+    K.FLOW_CLOSED: {"flow": 1, "reason": "gone"},
+    K.ADVERTISE: {"v": 1, "epoch": 1, "seq": 0},
+    K.REQUEST: {"id": 1, "what": "sync"},
+}
+
+
 def header_for(kind: FrameKind) -> Any:
-    """A header of the right shape for ``kind``."""
-    return ["t", None, 0.0] if kind in ARRAY_HEADERS else {"id": 1}
+    """A valid header for ``kind``."""
+    if kind in ARRAY_HEADERS:
+        return ["t", None, 0.0]
+    return VALID_HEADERS[kind]
 
 
 def frames_of(data: bytes) -> list[tuple[int, Any, bytes]]:
-    return FrameDecoder(LIMIT).feed(data)
+    """The frames in ``data`` as the protocol returns them: control frames as events."""
+    return [
+        (kind, decode_event(kind, header) if kind in CONTROL_KINDS else header, payload)
+        for kind, header, payload in FrameDecoder(LIMIT).feed(data)
+    ]
+
+
+def welcome_event(**fields: Any) -> ev.Welcome:
+    """The WELCOME event of a server made here (a WELCOME with these fields)."""
+    wanted = {
+        "client_name": None,
+        "vpn": None,
+        "node": None,
+        "node_id": None,
+        "cluster": None,
+        "keepalive": 10.0,
+        "keepalive_timeout": 30.0,
+        "max_frame_size": LIMIT,
+        "compression": None,
+        "link": None,
+        **fields,
+    }
+    return ev.Welcome(**wanted)
 
 
 def pair(
@@ -68,7 +115,7 @@ def pair(
     server.accept({"client_name": "c"}, compression=compression)
     [(kind, welcome, _)] = client.receive_data(server.data_to_send())
     assert kind == K.WELCOME
-    assert welcome["compression"] == compression
+    assert welcome.compression == compression
     return client, server
 
 
@@ -78,10 +125,10 @@ def pair(
 def test_handshake_without_compression() -> None:
     client = LinkProtocol(Role.CLIENT, max_frame_size=LIMIT)
     server = LinkProtocol(Role.SERVER, max_frame_size=LIMIT)
-    assert client.state is server.state is LinkState.HANDSHAKE
+    assert client.state is server.state is ConnectionState.HANDSHAKE
     client.hello({"vpn": "v", "username": "u", "password": "p"})
     hello_bytes = client.data_to_send()
-    assert frames_of(hello_bytes) == [
+    assert FrameDecoder(LIMIT).feed(hello_bytes) == [
         (
             K.HELLO,
             {
@@ -95,17 +142,19 @@ def test_handshake_without_compression() -> None:
             b"",
         )
     ]
-    assert server.receive_data(hello_bytes) == frames_of(hello_bytes)
-    assert server.state is LinkState.HANDSHAKE  # until accept()
+    assert server.receive_data(hello_bytes) == [
+        (K.HELLO, ev.Hello("v", "u", "p", None, False, False, (), LIMIT, None), b"")
+    ]
+    assert server.state is ConnectionState.HANDSHAKE  # until accept()
     server.accept({"client_name": "c1"}, compression=None)
-    assert server.state is LinkState.OPEN
+    assert server.state is ConnectionState.OPEN
     assert server.compression is None
     welcome = server.data_to_send()
-    assert frames_of(welcome) == [
+    assert FrameDecoder(LIMIT).feed(welcome) == [
         (K.WELCOME, {"max_frame_size": LIMIT, "client_name": "c1", "compression": None}, b"")
     ]
-    assert client.receive_data(welcome) == frames_of(welcome)
-    assert client.state is LinkState.OPEN
+    assert client.receive_data(welcome) == [(K.WELCOME, welcome_event(client_name="c1"), b"")]
+    assert client.state is ConnectionState.OPEN
     assert client.compression is None
     # both directions, plain frames on the wire
     client.send(K.PUBLISH, ["a/b"], b"payload")
@@ -123,7 +172,7 @@ def test_handshake_without_compression() -> None:
 def test_the_client_offers_what_it_is_given(offer: list[str] | None) -> None:
     client = LinkProtocol(Role.CLIENT, max_frame_size=LIMIT)
     client.hello({} if offer is None else {"compression": offer})
-    [(_, hello, _)] = frames_of(client.data_to_send())
+    [(_, hello, _)] = FrameDecoder(LIMIT).feed(client.data_to_send())
     assert hello == {
         "version": PROTOCOL_VERSION,
         "max_frame_size": LIMIT,
@@ -141,7 +190,7 @@ def test_frames_after_the_welcome_in_the_same_chunk_without_compression() -> Non
     server.send(K.PING, {})
     got = client.receive_data(server.data_to_send())
     assert [kind for kind, _, _ in got] == [K.WELCOME, K.DELIVER, K.PING]
-    assert frames_of(client.data_to_send()) == [(K.PONG, {}, b"")]
+    assert frames_of(client.data_to_send()) == [(K.PONG, ev.Pong(), b"")]
 
 
 def test_handshake_with_compression_in_both_directions() -> None:
@@ -149,7 +198,7 @@ def test_handshake_with_compression_in_both_directions() -> None:
     server = LinkProtocol(Role.SERVER, max_frame_size=LIMIT)
     client.hello({"compression": ["zlib"]})
     [(_, hello, _)] = server.receive_data(client.data_to_send())
-    assert hello["compression"] == ["zlib"]
+    assert hello.compression == ("zlib",)
     server.accept({"client_name": "c"}, compression="zlib")
     assert server.compression == "zlib"
     # frames queued right after accept() travel in the same write as the WELCOME
@@ -164,9 +213,9 @@ def test_handshake_with_compression_in_both_directions() -> None:
     got = client.receive_data(sent)
     while client.has_pending_input:  # inflated a bounded step at a time
         got += client.receive_data(b"")
-    assert client.state is LinkState.OPEN
+    assert client.state is ConnectionState.OPEN
     assert client.compression == "zlib"
-    assert got[0] == (K.WELCOME, welcome_header, b"")
+    assert got[0] == (K.WELCOME, welcome_event(client_name="c", compression="zlib"), b"")
     assert got[1:] == [(K.DELIVER, ["a/b", "x", n], body) for n in range(20)]
     # client to server, compressed
     client.send(K.PUBLISH, ["a/b"], body)
@@ -177,11 +226,11 @@ def test_handshake_with_compression_in_both_directions() -> None:
         FrameDecoder(LIMIT).feed(data)  # not readable as plain frames
     assert server.receive_data(data) == [
         (K.PUBLISH, ["a/b"], body),
-        (K.SUBSCRIBE, {"id": 1, "subscription": "a/>"}, b""),
+        (K.SUBSCRIBE, ev.Subscribe(1, "a/>"), b""),
     ]
     # and back again on the same streams
     server.send(K.OK, {"id": 1})
-    assert client.receive_data(server.data_to_send()) == [(K.OK, {"id": 1}, b"")]
+    assert client.receive_data(server.data_to_send()) == [(K.OK, ev.Ok(1, {}), b"")]
 
 
 def test_welcome_and_compressed_frames_split_at_every_byte() -> None:
@@ -194,8 +243,8 @@ def test_welcome_and_compressed_frames_split_at_every_byte() -> None:
     server.send(K.DELIVER, ["t", None, 1], b"abc" * 30)
     sent = server.data_to_send()
     expected = [
-        (K.WELCOME, {"max_frame_size": LIMIT, "compression": "zlib"}, b""),
-        (K.OK, {"id": 7}, b""),
+        (K.WELCOME, welcome_event(compression="zlib"), b""),
+        (K.OK, ev.Ok(7, {}), b""),
         (K.DELIVER, ["t", None, 1], b"abc" * 30),
     ]
     for cut in range(len(sent) + 1):
@@ -210,7 +259,7 @@ def test_the_server_may_decline_compression_that_was_offered() -> None:
     client.send(K.PING, {})
     data = client.data_to_send()
     assert data == encode_frame(K.PING, {})
-    assert server.receive_data(data) == [(K.PING, {}, b"")]
+    assert server.receive_data(data) == [(K.PING, ev.Ping(), b"")]
 
 
 def test_welcome_naming_an_unknown_algorithm_is_refused() -> None:
@@ -218,7 +267,7 @@ def test_welcome_naming_an_unknown_algorithm_is_refused() -> None:
     client.hello({})
     with pytest.raises(ProtocolError, match="unknown compression 'lz4'"):
         client.receive_data(encode_frame(K.WELCOME, {"compression": "lz4"}))
-    assert client.state is LinkState.CLOSED
+    assert client.state is ConnectionState.CLOSED
     with pytest.raises(ProtocolError, match="unknown compression"):
         LinkProtocol(Role.SERVER, max_frame_size=LIMIT).accept({}, compression="lz4")
 
@@ -233,7 +282,7 @@ def test_a_corrupt_compressed_stream_closes_the_connection() -> None:
     _client, server = pair(offer=["zlib"], compression="zlib")
     with pytest.raises(ProtocolError, match="compressed data is corrupt"):
         server.receive_data(b"\xff" * 32)
-    assert server.state is LinkState.CLOSED
+    assert server.state is ConnectionState.CLOSED
     assert server.close_reason is not None
     assert server.close_reason.startswith("compressed data is corrupt")
     assert server.receive_data(b"anything") == []  # closed: ignored
@@ -271,23 +320,24 @@ def test_refusal() -> None:
     client.hello({"username": "u", "password": "wrong"})
     server.receive_data(client.data_to_send())
     server.refuse("authentication", "wrong password")
-    assert server.state is LinkState.CLOSED
+    assert server.state is ConnectionState.CLOSED
     assert server.close_reason == "refused: wrong password"
     data = server.data_to_send()  # still written after the close
-    assert frames_of(data) == [
+    assert FrameDecoder(LIMIT).feed(data) == [
         (
             K.REFUSED,
             {"error": "authentication", "message": "wrong password", "why": "wrong password"},
             b"",
         )
     ]
-    assert client.receive_data(data) == frames_of(data)
-    assert client.state is LinkState.CLOSED
+    refused = ev.Refused("authentication", "wrong password", "wrong password", None)
+    assert client.receive_data(data) == [(K.REFUSED, refused, b"")]
+    assert client.state is ConnectionState.CLOSED
     assert client.close_reason == "refused: wrong password"
     server = LinkProtocol(Role.SERVER, max_frame_size=LIMIT)
     server.refuse("authentication", "user 'u' may not connect: wrong password", "wrong password")
     [(_, refused, _)] = frames_of(server.data_to_send())
-    assert refused["why"] == "wrong password"
+    assert refused.why == "wrong password"
     with pytest.raises(ProtocolError, match=r"connection is closed \(refused: wrong password\)"):
         client.send(K.PING, {})
     with pytest.raises(ProtocolError, match="connection is closed"):
@@ -301,7 +351,7 @@ def test_frames_after_refused_are_ignored() -> None:
     data = encode_frame(K.REFUSED, {"error": "refused", "message": "no"}) + b"\xff" * 20
     [(kind, _, _)] = client.receive_data(data)
     assert kind == K.REFUSED
-    assert client.state is LinkState.CLOSED
+    assert client.state is ConnectionState.CLOSED
 
 
 @pytest.mark.parametrize("kind", sorted(set(FrameKind) - {K.HELLO}))
@@ -309,7 +359,7 @@ def test_the_server_expects_hello_first(kind: FrameKind) -> None:
     server = LinkProtocol(Role.SERVER, max_frame_size=LIMIT)
     with pytest.raises(ProtocolError, match=f"expected HELLO, got {kind.name}|malformed header"):
         server.receive_data(encode_frame(kind, header_for(kind)))
-    assert server.state is LinkState.CLOSED
+    assert server.state is ConnectionState.CLOSED
 
 
 @pytest.mark.parametrize("kind", sorted(set(FrameKind) - {K.WELCOME, K.REFUSED}))
@@ -320,7 +370,7 @@ def test_the_client_expects_welcome_or_refused_first(kind: FrameKind) -> None:
         ProtocolError, match=f"expected WELCOME or REFUSED, got {kind.name}|malformed header"
     ):
         client.receive_data(encode_frame(kind, header_for(kind)))
-    assert client.state is LinkState.CLOSED
+    assert client.state is ConnectionState.CLOSED
 
 
 @pytest.mark.parametrize("version", [None, 0, 2, "1", 1.5, 1.0, True, [1]])
@@ -345,7 +395,7 @@ def test_a_handshake_frame_needs_an_object_header(kind: FrameKind, header: Any) 
     protocol = LinkProtocol(role, max_frame_size=LIMIT)
     with pytest.raises(ProtocolError, match=f"{kind.name} frame has a malformed header"):
         protocol.receive_data(encode_frame(kind, header))
-    assert protocol.state is LinkState.CLOSED
+    assert protocol.state is ConnectionState.CLOSED
 
 
 def test_client_frames_in_the_same_chunk_as_hello_are_refused() -> None:
@@ -388,7 +438,7 @@ def test_a_malformed_max_frame_size_is_refused(kind: FrameKind, size: Any) -> No
         protocol.hello({})
     with pytest.raises(ProtocolError, match=f"{kind.name} max_frame_size must be a positive"):
         protocol.receive_data(encode_frame(kind, {"version": 1, "max_frame_size": size}))
-    assert protocol.state is LinkState.CLOSED
+    assert protocol.state is ConnectionState.CLOSED
 
 
 @pytest.mark.parametrize("role", [Role.SERVER, Role.CLIENT])
@@ -399,7 +449,7 @@ def test_before_login_only_a_frame_of_the_handshake_size_is_read(role: Role) -> 
     kind = K.HELLO if role is Role.SERVER else K.WELCOME
     with pytest.raises(ProtocolError, match="frame of 2049 bytes is larger than the limit of 2048"):
         protocol.receive_data(struct.pack("!IBI", 2049, kind, 10))  # the prefix is enough
-    assert protocol.state is LinkState.CLOSED
+    assert protocol.state is ConnectionState.CLOSED
     assert protocol.close_reason is not None
     assert protocol.close_reason.endswith(" before login")
     # after the handshake, frames up to max_frame_size
@@ -449,11 +499,11 @@ def test_what_a_server_accepts(kind: FrameKind) -> None:
     _, server = pair()
     data = encode_frame(kind, header_for(kind))
     if kind in SERVER_RECEIVES:
-        assert server.receive_data(data) == [(kind, header_for(kind), b"")]
+        assert server.receive_data(data) == frames_of(data)
     else:
         with pytest.raises(ProtocolError, match=f"^{kind.name} frames are not accepted here$"):
             server.receive_data(data)
-        assert server.state is LinkState.CLOSED
+        assert server.state is ConnectionState.CLOSED
 
 
 @pytest.mark.parametrize("kind", list(FrameKind))
@@ -461,22 +511,22 @@ def test_what_a_client_accepts(kind: FrameKind) -> None:
     client, _ = pair()
     data = encode_frame(kind, header_for(kind))
     if kind in CLIENT_RECEIVES:
-        assert client.receive_data(data) == [(kind, header_for(kind), b"")]
+        assert client.receive_data(data) == frames_of(data)
     else:
         with pytest.raises(ProtocolError, match=f"^{kind.name} frames are not accepted here$"):
             client.receive_data(data)
-        assert client.state is LinkState.CLOSED
+        assert client.state is ConnectionState.CLOSED
 
 
 @pytest.mark.parametrize("kind", sorted(SERVER_RECEIVES))
 def test_server_frames_need_headers_of_the_right_shape(kind: FrameKind) -> None:
-    right: Any = ["t"] if kind in ARRAY_HEADERS else {"id": 1}
-    for header in ({"id": 1}, ["t"], 1, "s", None, 1.5, False):
+    right: Any = ["t"] if kind in ARRAY_HEADERS else header_for(kind)
+    for header in (right, {"id": 1} if kind in ARRAY_HEADERS else ["t"], 1, "s", None, 1.5):
         client, server = pair(offer=["zlib"], compression="zlib")
         client.send(kind, header)
         data = client.data_to_send()
-        if header == right:
-            assert server.receive_data(data) == [(kind, header, b"")]
+        if header is right:
+            assert server.receive_data(data) == frames_of(encode_frame(kind, header))
         else:
             with pytest.raises(ProtocolError, match=f"{kind.name} frame has a malformed header"):
                 server.receive_data(data)
@@ -495,7 +545,7 @@ def test_a_bad_frame_after_good_ones_in_one_read_is_still_an_error() -> None:
     data = encode_frame(K.PING, {}) + encode_frame(K.DELIVER, ["t", None, 0])
     with pytest.raises(ProtocolError, match="DELIVER frames are not accepted here"):
         server.receive_data(data)
-    assert server.state is LinkState.CLOSED
+    assert server.state is ConnectionState.CLOSED
     with pytest.raises(ProtocolError):
         server.send(K.PONG, {})
 
@@ -507,20 +557,20 @@ def test_ping_is_answered_with_pong(role: Role) -> None:
     peer.send(K.PING, {})
     peer.send(K.PING, {"n": 2})
     assert me.receive_data(peer.data_to_send(), now=5.0) == [
-        (K.PING, {}, b""),
-        (K.PING, {"n": 2}, b""),
+        (K.PING, ev.Ping(), b""),
+        (K.PING, ev.Ping(), b""),
     ]
-    assert frames_of(me.data_to_send()) == [(K.PONG, {}, b""), (K.PONG, {}, b"")]
+    assert frames_of(me.data_to_send()) == [(K.PONG, ev.Pong(), b""), (K.PONG, ev.Pong(), b"")]
     # a PONG is not answered
-    assert me.receive_data(encode_frame(K.PONG, {})) == [(K.PONG, {}, b"")]
+    assert me.receive_data(encode_frame(K.PONG, {})) == [(K.PONG, ev.Pong(), b"")]
     assert me.data_to_send() == b""
 
 
 def test_ping_is_answered_on_a_compressed_link() -> None:
     client, server = pair(offer=["zlib"], compression="zlib")
     client.send(K.PING, {})
-    assert server.receive_data(client.data_to_send()) == [(K.PING, {}, b"")]
-    assert client.receive_data(server.data_to_send()) == [(K.PONG, {}, b"")]
+    assert server.receive_data(client.data_to_send()) == [(K.PING, ev.Ping(), b"")]
+    assert client.receive_data(server.data_to_send()) == [(K.PONG, ev.Pong(), b"")]
 
 
 @pytest.mark.parametrize(
@@ -529,8 +579,9 @@ def test_ping_is_answered_on_a_compressed_link() -> None:
 def test_close_from_the_peer(reason: Any, expected: str) -> None:
     _client, server = pair()
     header = {} if reason is None else {"reason": reason}
-    assert server.receive_data(encode_frame(K.CLOSE, header)) == [(K.CLOSE, header, b"")]
-    assert server.state is LinkState.CLOSED
+    event = ev.Close(reason if isinstance(reason, str) else "?")
+    assert server.receive_data(encode_frame(K.CLOSE, header)) == [(K.CLOSE, event, b"")]
+    assert server.state is ConnectionState.CLOSED
     assert server.close_reason is not None
     assert server.close_reason.endswith(expected)
     assert server.receive_data(encode_frame(K.PING, {})) == []
@@ -541,9 +592,9 @@ def test_close_from_the_peer(reason: Any, expected: str) -> None:
 def test_close_sends_close_when_open_only() -> None:
     client, server = pair(offer=["zlib"], compression="zlib")
     client.close("done")
-    assert client.state is LinkState.CLOSED
+    assert client.state is ConnectionState.CLOSED
     assert client.close_reason == "done"
-    assert server.receive_data(client.data_to_send()) == [(K.CLOSE, {"reason": "done"}, b"")]
+    assert server.receive_data(client.data_to_send()) == [(K.CLOSE, ev.Close("done"), b"")]
     assert server.close_reason == "peer closed: done"
     client.close("again")  # idempotent: the first reason stays
     assert client.close_reason == "done"
@@ -623,4 +674,5 @@ def test_headers_written_are_orjson() -> None:
     client.send(K.SUBSCRIBE, header)
     data = client.data_to_send()
     assert orjson.dumps(header) in data
-    assert server.receive_data(data) == [(K.SUBSCRIBE, header, b"")]
+    assert FrameDecoder(LIMIT).feed(data) == [(K.SUBSCRIBE, header, b"")]
+    assert server.receive_data(data) == [(K.SUBSCRIBE, ev.Subscribe(3, "ä/ö"), b"")]

@@ -237,7 +237,7 @@ async def test_node_drops_a_half_open_peer(node: Node, caplog: pytest.LogCapture
     async with raw_client(server, client_name="zombie") as (stream, protocol):
         protocol.send(FrameKind.SUBSCRIBE, {"subscription": "z/>", "id": 1})
         await stream.send(protocol.data_to_send())
-        await read_until(stream, protocol, lambda f: f[0] == FrameKind.OK and f[1]["id"] == 1)
+        await read_until(stream, protocol, lambda f: f[0] == FrameKind.OK and f[1].id == 1)
         assert "zombie" in vpn.sessions
         publisher = node.connect()
         publisher.publish("z/1")
@@ -296,12 +296,12 @@ async def test_node_drops_a_peer_that_never_logs_in(node: Node) -> None:
 
 
 @asynccontextmanager
-async def silent_server(**welcome: Any) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+async def silent_server(**welcome: Any) -> AsyncIterator[tuple[str, list[Any]]]:
     """A fake node that answers HELLO with WELCOME and then says nothing, ever.
 
-    Yields its URL and the HELLO headers it received.
+    Yields its URL and the HELLOs it received.
     """
-    hellos: list[dict[str, Any]] = []
+    hellos: list[Any] = []
 
     async def serve(stream: anyio.abc.SocketStream) -> None:
         async with stream:
@@ -310,7 +310,7 @@ async def silent_server(**welcome: Any) -> AsyncIterator[tuple[str, list[dict[st
             while not frames:
                 frames = protocol.receive_data(await stream.receive())
             hellos.append(frames[0][1])
-            name = frames[0][1].get("client_name") or f"fake-{len(hellos)}"
+            name = frames[0][1].client_name or f"fake-{len(hellos)}"
             protocol.accept(
                 {"client_name": name, "keepalive": 0.2, "keepalive_timeout": 0.6, **welcome},
                 compression=None,
@@ -341,7 +341,7 @@ async def test_client_notices_a_silent_node_and_reconnects(
         assert logged(caplog, "keepalive")
         await wait_until(lambda: session.connects == 2, timeout=3)
         assert len(hellos) == 2
-        assert hellos[1]["client_name"] == "c"
+        assert hellos[1].client_name == "c"
     assert logged(caplog, "reconnecting to", logging.INFO)
 
 

@@ -1,0 +1,173 @@
+"""What the side of a connection that serves requests shares: answers and served flows.
+
+A node's connection for a remote session and either side of a link both answer the
+peer's requests (every request gets exactly one OK or ERROR) and feed the flows the
+peer bound to their queues (FLOW_DELIVER within the flow's window, acks, unbinds).
+:class:`Answers` and :class:`ServedFlows` are those two jobs, written once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from meshbus._messages import Message
+from meshbus.errors import ProtocolError, StateError
+
+from . import _events as ev
+from ._codec import encode_flow_deliver
+from ._framing import FrameKind
+from ._protocol import ConnectionState
+from ._wire_errors import error_attributes, error_code
+
+if TYPE_CHECKING:
+    from meshbus.abc import Flow
+
+    from ._connection import Connection
+
+__all__ = ["Answers", "ServedFlows"]
+
+log = logging.getLogger("meshbus.transports")
+
+K = FrameKind
+
+
+class Answers:
+    """Writes OK and ERROR answers to the peer's requests on one connection."""
+
+    __slots__ = ("errors_sent", "protocol")
+
+    def __init__(self, connection: Connection) -> None:
+        self.protocol = connection.protocol
+        self.errors_sent = 0
+
+    def ok(self, request: int, **result: Any) -> None:
+        """Answer ``request`` with OK (and ``result``'s fields)."""
+        if self.protocol.state is ConnectionState.OPEN:
+            self.protocol.send(K.OK, {"id": request, **result})
+
+    def error(self, request: int | None, exc: BaseException, **extra: Any) -> None:
+        """Answer ``request`` with the ERROR of ``exc`` (no request: an asynchronous
+        error). A :class:`~meshbus.ProtocolError` is raised instead: it ends the
+        connection."""
+        if isinstance(exc, ProtocolError):
+            raise exc
+        if self.protocol.state is not ConnectionState.OPEN:
+            return  # the peer said goodbye (or broke the protocol) in the same read
+        self.errors_sent += 1
+        header: dict[str, Any] = {"error": error_code(exc), "message": str(exc), **extra}
+        if request is not None:
+            header["id"] = request
+        attributes = error_attributes(exc)
+        if attributes:
+            header["attrs"] = attributes
+        self.protocol.send(K.ERROR, header)
+
+
+class ServedFlows:
+    """The flows the peer bound on this side of a connection, each fed by one task.
+
+    :param connection: where FLOW_DELIVER and FLOW_CLOSED frames go.
+    :param answers: how BIND and UNBIND are answered.
+    """
+
+    def __init__(self, connection: Connection, answers: Answers) -> None:
+        self.connection = connection
+        self.protocol = connection.protocol
+        self.answers = answers
+        self._flows: dict[int, tuple[Flow, anyio.CancelScope, dict[int, Message]]] = {}
+        self._numbers = 0
+        self._done: dict[int, anyio.Event] = {}
+
+    def __len__(self) -> int:
+        return len(self._flows)
+
+    def bound(self, request: int, flow: Flow, task_group: anyio.abc.TaskGroup) -> None:
+        """``flow`` was bound for the peer's BIND ``request``: number it, start feeding
+        it in ``task_group`` and answer with its number."""
+        self._numbers += 1
+        number = self._numbers
+        scope = anyio.CancelScope()
+        unacked: dict[int, Message] = {}
+        self._flows[number] = (flow, scope, unacked)
+        self._done[number] = done = anyio.Event()
+        task_group.start_soon(self._feed_flow, number, flow, scope, unacked, done)
+        self.answers.ok(request, flow=number)
+
+    async def _feed_flow(
+        self,
+        number: int,
+        flow: Flow,
+        scope: anyio.CancelScope,
+        unacked: dict[int, Message],
+        done: anyio.Event,
+    ) -> None:
+        try:
+            await self._feed(number, flow, scope, unacked)
+        finally:
+            done.set()
+            self._done.pop(number, None)
+
+    async def _feed(
+        self, number: int, flow: Flow, scope: anyio.CancelScope, unacked: dict[int, Message]
+    ) -> None:
+        protocol = self.protocol
+        with scope:
+            while True:
+                try:
+                    message = await flow.receive()
+                except StateError as exc:  # unbound from this side
+                    if number in self._flows and protocol.state is ConnectionState.OPEN:
+                        del self._flows[number]
+                        protocol.send(K.FLOW_CLOSED, {"flow": number, "reason": str(exc)})
+                        await self.connection.flush()
+                    return
+                message_id = message.message_id
+                assert message_id is not None
+                unacked[message_id] = message
+                protocol.send_raw(encode_flow_deliver(number, message_id, message))
+                await self.connection.flush()
+
+    async def unbind(self, event: ev.Unbind) -> None:
+        """The peer's UNBIND: stop feeding, give back what it has not acked, answer."""
+        number = event.flow
+        entry = self._flows.pop(number, None) if type(number) is int else None
+        if entry is None:
+            raise StateError(f"no flow {number!r} on this connection")
+        flow, scope, _ = entry
+        done = self._done.get(number)
+        scope.cancel()
+        if done is not None:
+            # Let the feeder finish first: cancelled inside an ack commit it gives the ids
+            # back, and the unbind below must commit them.
+            await done.wait()
+        await flow.unbind()
+        self.answers.ok(event.id)
+
+    def ack(self, event: ev.Ack) -> None:
+        """The peer's ACK of messages of one of its flows.
+
+        :raises StateError: an id that is not unacknowledged on that flow.
+        """
+        number = event.flow
+        entry = self._flows.get(number) if type(number) is int else None
+        if entry is None:
+            return  # acks racing an unbind: the messages were already given back
+        flow, _, unacked = entry
+        for message_id in event.ids:
+            message = unacked.pop(message_id, None) if type(message_id) is int else None
+            if message is None:
+                raise StateError(f"message {message_id!r} is not unacknowledged on flow {number}")
+            flow.ack(message)
+
+    def close(self) -> None:
+        """The connection ended: every flow's unacknowledged messages go back to its queue."""
+        for flow, scope, _ in self._flows.values():
+            scope.cancel()
+            detach = getattr(flow, "detach", None)
+            if detach is not None:
+                detach()
+        self._flows.clear()
