@@ -12,6 +12,7 @@ from __future__ import annotations
 from ._asyncio_tcp import READ_HIGH_WATER, AsyncioTcpStream
 from ._backoff import Backoff
 from ._client import RemoteSession, connect
+from ._dialing import ConnectSettings, Target
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._memory import MemoryListener, MemoryNetwork, MemoryStream
 from ._protocol import PROTOCOL_VERSION, ConnectionState, LinkProtocol, Role
@@ -34,6 +35,7 @@ __all__ = [
     "READ_HIGH_WATER",
     "AsyncioTcpStream",
     "Backoff",
+    "ConnectSettings",
     "FrameDecoder",
     "FrameKind",
     "LinkProtocol",
@@ -48,6 +50,7 @@ __all__ = [
     "Role",
     "Server",
     "ServerStatistics",
+    "Target",
     "TlsSettings",
     "connect",
     "connect_stream",

@@ -1,4 +1,4 @@
-"""Reconnect delays for remote sessions (and, later, bridges and links)."""
+"""Reconnect delays for remote sessions and links."""
 
 from __future__ import annotations
 
@@ -36,3 +36,7 @@ class Backoff:
     def reset(self) -> None:
         """Start again from ``initial`` (after a successful login)."""
         self.attempt = 0
+
+    def fresh(self) -> Backoff:
+        """A backoff with the same policy that counts its own attempts from none."""
+        return Backoff(self.initial, self.maximum, self.jitter, self._rng)

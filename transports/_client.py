@@ -37,7 +37,6 @@ from meshbus._session import MessageHandler, as_bytes
 from meshbus._topics import parse_subscription, validate_topic
 from meshbus.errors import (
     AccessDeniedError,
-    AuthenticationError,
     InvalidTopicError,
     LimitExceededError,
     MeshbusError,
@@ -49,9 +48,9 @@ from meshbus.errors import (
 from . import _events as ev
 from ._backoff import Backoff
 from ._codec import PublishEntry, decode_deliver, decode_deliver_batch, decode_flow_deliver
-from ._compression import ALGORITHMS
 from ._connection import Connection, unwrap_errors
-from ._framing import FRAME_HEADROOM, FrameKind
+from ._dialing import ConnectSettings, Dialer, Target
+from ._framing import FrameKind
 from ._outgoing import (
     PUBLISH_OVERHEAD,
     check_publish,
@@ -60,10 +59,9 @@ from ._outgoing import (
     send_refusal,
     wire_options,
 )
-from ._protocol import ConnectionState, LinkProtocol, Role
+from ._protocol import ConnectionState, LinkProtocol
 from ._remote_flow import RemoteFlow, Request
-from ._settings import MAX_FRAME_SIZE, TlsSettings
-from ._streams import connect_stream
+from ._settings import MAX_FRAME_SIZE
 from ._wire_errors import error_from
 
 __all__ = ["RemoteSession", "connect"]
@@ -86,46 +84,18 @@ class RemoteSession:
     """
 
     def __init__(
-        self,
-        url: str,
-        *,
-        vpn: str = "default",
-        username: str | None = None,
-        password: str | None = None,
-        client_name: str | None = None,
-        no_local: bool = False,
-        timestamps: bool = False,
-        tls: TlsSettings | None = None,
-        compression: bool = False,
-        on_message: MessageHandler | None = None,
-        reconnect: bool = True,
-        backoff: Backoff | None = None,
-        connect_timeout: float = 10.0,
-        max_buffered_messages: int = 100_000,
-        max_buffered_bytes: int = 64 * 1024 * 1024,
-        max_send_buffer: int = 16 * 1024 * 1024,
-        max_frame_size: int = MAX_FRAME_SIZE + FRAME_HEADROOM,
+        self, settings: ConnectSettings, *, on_message: MessageHandler | None = None
     ) -> None:
-        self.url = url
-        self.vpn = vpn
-        self.username = username
-        self._password = password
-        self._requested_name = client_name
-        self.client_name: str | None = client_name
-        self.no_local = no_local
-        self.timestamps = timestamps
-        self.tls = tls
-        self.compression = compression
-        self.reconnect = reconnect
-        self.backoff = backoff or Backoff()
-        self.connect_timeout = connect_timeout
-        self.max_send_buffer = max_send_buffer
-        #: The largest frame this client reads (it tells the node at login).
-        self.max_frame_size = max_frame_size
+        if not isinstance(settings, ConnectSettings):
+            raise TypeError(f"expected ConnectSettings, got {settings!r}")
+        #: How the session reaches and logs in to its node.
+        self.settings = settings
+        self._dialer = Dialer(settings)
+        self.client_name: str | None = settings.client_name
         #: The largest frame the node reads, as it said at the last login.
         self.node_max_frame_size = MAX_FRAME_SIZE
         self._publish_room = MAX_FRAME_SIZE - PUBLISH_OVERHEAD  # payload + options, unchecked
-        self._egress = Egress(max_buffered_messages, max_buffered_bytes)
+        self._egress = Egress(settings.max_buffered_messages, settings.max_buffered_bytes)
         self._handler: Callable[[Message], None] | None = None
         self._async_handler: Callable[[Message], Awaitable[None]] | None = None
         if on_message is not None:
@@ -166,11 +136,32 @@ class RemoteSession:
         self.dropped = 0  # direct publishes made while disconnected
         self.errors = 0  # errors the node reported for publishes and subscriptions
         self.connects = 0
+        self.connect_failures = 0  # reconnect attempts that failed
         self.handler_errors = 0
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "connected" if self._connected else "reconnecting"
         return f"<RemoteSession {self.client_name!r} {self.url} vpn={self.vpn!r} {state}>"
+
+    @property
+    def url(self) -> str:
+        """The node's target the session is (or was last) connected to."""
+        return self._dialer.target
+
+    @property
+    def vpn(self) -> str:
+        """The Message VPN the session logs in to."""
+        return self.settings.vpn
+
+    @property
+    def username(self) -> str | None:
+        """The client username it logs in with."""
+        return self.settings.username
+
+    @property
+    def backoff(self) -> Backoff:
+        """Its reconnect delays, with the attempts made since the last login."""
+        return self._dialer.backoff
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -235,44 +226,8 @@ class RemoteSession:
 
     async def _open_connection(self) -> None:
         """Connect, log in and restore state; raises on failure."""
-        stream = await connect_stream(self.url, tls=self.tls, timeout=self.connect_timeout)
-        protocol = LinkProtocol(Role.CLIENT, max_frame_size=self.max_frame_size)
-        connection = Connection(stream, protocol, self.url)
-        try:
-            hello: dict[str, Any] = {"vpn": self.vpn, "no_local": self.no_local}
-            if self.timestamps:
-                hello["timestamps"] = True
-            if self.username is not None:
-                hello["username"] = self.username
-            if self._password is not None:
-                hello["password"] = self._password
-            if self.client_name is not None:
-                hello["client_name"] = self.client_name
-            if self.compression:
-                hello["compression"] = list(ALGORITHMS)
-            protocol.hello(hello)
-            await connection.flush()
-            with anyio.fail_after(self.connect_timeout):
-                try:
-                    welcome = await connection.receive_handshake()
-                except AuthenticationError as exc:  # name the user as the node did
-                    username = exc.username or self.username or "default"
-                    raise AuthenticationError(username, exc.why) from None
-        except TimeoutError:
-            await connection.aclose()
-            raise TransportError(f"connecting to {self.url}: no answer to the login") from None
-        except TransportError as exc:
-            await connection.aclose()
-            if self.url.startswith("tls:") and (self.tls is None or self.tls.certificate is None):
-                # With TLS 1.3 a node checks client certificates after the client's side
-                # of the handshake is done; its refusal arrives as a closed connection.
-                raise TransportError(
-                    f"{exc} (during login, without a client certificate: the node may require one)"
-                ) from exc
-            raise
-        except BaseException:
-            await connection.aclose()
-            raise
+        connection, welcome = await self._dialer.login(self.settings.hello(self.client_name))
+        protocol = connection.protocol
         assert isinstance(welcome, ev.Welcome)
         self.client_name = welcome.client_name or self.client_name
         self.welcome = attrs.asdict(welcome)
@@ -280,7 +235,7 @@ class RemoteSession:
         self._protocol = protocol
         self._connected = True
         self.connects += 1
-        self.backoff.reset()
+        self._dialer.backoff.reset()
         self.node_max_frame_size = protocol.peer_max_frame_size
         self._publish_room = protocol.peer_max_frame_size - PUBLISH_OVERHEAD
         self._restore()  # checks waiting sends against this node's limit
@@ -339,7 +294,7 @@ class RemoteSession:
             flow._rebound(0)
         if self._connection is not None:
             await self._connection.aclose()
-        if not self.reconnect:
+        if not self.settings.reconnect:
             lost = TransportError(f"connection to {self.url} lost: {why}")
             lost.__cause__ = why
             self.lost = lost
@@ -347,14 +302,14 @@ class RemoteSession:
             await self._shut_down(wait_for_tasks=False)  # this task is the supervisor
             return
         while not self._closing:
-            delay = self.backoff.next_delay()
-            log.info("reconnecting to %s in %.1f s", self.url, delay)
-            await anyio.sleep(delay)
+            log.info("reconnecting to %s", self.url)
+            await self._dialer.wait()
             try:
                 await self._open_connection()
                 log.info("reconnected to %s as %s", self.url, self.client_name)
                 return
             except (TransportError, AccessDeniedError, ProtocolError) as exc:
+                self.connect_failures += 1
                 log.warning("reconnecting to %s failed: %s", self.url, exc)
 
     async def _reader(self) -> None:
@@ -581,9 +536,9 @@ class RemoteSession:
             return
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        if self._pending_bytes > self.max_send_buffer:
+        if self._pending_bytes > self.settings.max_send_buffer:
             raise LimitExceededError(
-                "the send buffer is full: await session.flush()", self.max_send_buffer
+                "the send buffer is full: await session.flush()", self.settings.max_send_buffer
             )
         if topic not in self._admitted:
             validate_topic(topic)  # raises with the reason
@@ -803,51 +758,25 @@ class RemoteSession:
 
 
 def connect(
-    url: str,
-    *,
-    vpn: str = "default",
-    username: str | None = None,
-    password: str | None = None,
-    client_name: str | None = None,
-    no_local: bool = False,
-    timestamps: bool = False,
-    tls: TlsSettings | None = None,
-    compression: bool = False,
-    on_message: MessageHandler | None = None,
-    reconnect: bool = True,
-    backoff: Backoff | None = None,
-    connect_timeout: float = 10.0,
+    *targets: Target, on_message: MessageHandler | None = None, **settings: Any
 ) -> RemoteSession:
-    """A session on the node at ``url``; log in with ``async with``::
+    """A session on the node at ``targets`` (tried in order); log in with ``async with``::
 
         async with connect("tcp://127.0.0.1:55555", username="alice", password="...") as s:
             s.subscribe("orders/>")
             async for message in s:
                 ...
 
-    :param url: ``tcp://host:port`` or ``tls://host:port``.
-    :param username: without one, a client certificate's name (TLS) or ``"default"``.
-    :param timestamps: the node stamps the direct messages this session publishes
-        with its clock's time (see :meth:`meshbus.Node.connect`).
-    :param tls: trust, certificate and checks for ``tls://`` (default: system CAs).
-    :param compression: ask the node to compress the connection (zlib).
-    :param reconnect: after a lost connection, reconnect with backoff (the first
-        connection is not retried: its failure raises).
+    :param targets: ``tcp://host:port`` or ``tls://host:port`` URLs, or anyio
+        connectables (an in-memory network's, say); the first that answers serves.
+    :param on_message: a handler called for each direct message instead of buffering
+        it (see :meth:`meshbus.Node.connect`).
+    :param settings: the fields of :class:`ConnectSettings` (``vpn``, ``username``,
+        ``password``, ``client_name``, ``no_local``, ``timestamps``, ``tls``,
+        ``compression``, ``reconnect``, ``backoff``, ``connect_timeout``, ...).
     :raises AuthenticationError: the node refused the login (on ``async with``).
-    :raises TransportError: the node could not be reached.
+    :raises TransportError: the node could not be reached (on ``async with``).
+    :raises ConfigurationError: a setting is invalid.
+    :raises TypeError: a setting :class:`ConnectSettings` does not have.
     """
-    return RemoteSession(
-        url,
-        vpn=vpn,
-        username=username,
-        password=password,
-        client_name=client_name,
-        no_local=no_local,
-        timestamps=timestamps,
-        tls=tls,
-        compression=compression,
-        on_message=on_message,
-        reconnect=reconnect,
-        backoff=backoff,
-        connect_timeout=connect_timeout,
-    )
+    return RemoteSession(ConnectSettings(targets, **settings), on_message=on_message)

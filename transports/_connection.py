@@ -16,6 +16,8 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from meshbus._clock import SystemClock
+from meshbus.abc import Clock
 from meshbus.errors import AuthenticationError, MeshbusError, ProtocolError, TransportError
 
 from . import _events as ev
@@ -29,7 +31,7 @@ __all__ = ["READ_SIZE", "Connection", "unwrap_errors"]
 READ_SIZE = 256 * 1024
 """Most bytes taken from the stream per read."""
 
-_current_time = anyio.current_time
+_SYSTEM_CLOCK = SystemClock()
 
 
 @contextmanager
@@ -55,10 +57,19 @@ def unwrap_errors() -> Iterator[None]:
 class Connection:
     """One connection: its stream, its protocol state and its peer's name."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, protocol: LinkProtocol, peer: str) -> None:
+    def __init__(
+        self,
+        stream: anyio.abc.ByteStream,
+        protocol: LinkProtocol,
+        peer: str,
+        clock: Clock | None = None,
+    ) -> None:
         self.stream = stream
         self.protocol = protocol
         self.peer = peer
+        #: What the connection's times and keepalive are measured on.
+        self.clock: Clock = clock if clock is not None else _SYSTEM_CLOCK
+        self._now = self.clock.monotonic
         self._lock = anyio.Lock(fast_acquire=True)  # no extra scheduling pass when free
         #: The stream, when it can be written without an await (TCP on asyncio).
         self._nowait = stream if isinstance(stream, AsyncioTcpStream) else None
@@ -75,10 +86,10 @@ class Connection:
         protocol = self.protocol
         if protocol.has_pending_input:  # inflate what is already here before reading more
             await anyio.lowlevel.checkpoint()
-            return protocol.receive_data(b"", _current_time())
+            return protocol.receive_data(b"", self._now())
         with map_exceptions(f"reading from {self.peer}"):
             data = await self.stream.receive(READ_SIZE)
-        return protocol.receive_data(data, _current_time())
+        return protocol.receive_data(data, self._now())
 
     async def receive_handshake(self) -> ev.Hello | ev.Welcome:
         """Read until the handshake frame: HELLO (server side) or WELCOME (client side).
@@ -105,7 +116,7 @@ class Connection:
         """Write whatever the protocol has queued. :raises TransportError: the write failed."""
         protocol = self.protocol
         async with self._lock:
-            data = protocol.data_to_send(_current_time())
+            data = protocol.data_to_send(self._now())
             if data:
                 with map_exceptions(f"writing to {self.peer}"):
                     await self.stream.send(data)
@@ -129,7 +140,7 @@ class Connection:
         """
         if not self.can_flush_nowait():
             return False
-        data = self.protocol.data_to_send(_current_time())
+        data = self.protocol.data_to_send(self._now())
         if data:
             self._nowait.send_nowait(data)  # type: ignore[union-attr]
         return True
@@ -144,9 +155,10 @@ class Connection:
             (a client); without it the ping is flushed here (a node's connection).
         """
         protocol = self.protocol
+        clock = self.clock
         while True:
-            await anyio.sleep(min(interval, timeout) / 2)
-            now = _current_time()
+            await clock.sleep_until(clock.monotonic() + min(interval, timeout) / 2)
+            now = clock.monotonic()
             if protocol.peer_silent(now, timeout):
                 raise TransportError(f"keepalive: nothing heard from {self.peer} for {timeout:g} s")
             if protocol.ping_due(now, interval):

@@ -78,11 +78,19 @@ class ServerStatistics:
 class Server:
     """One listener of a node. Made by :func:`start_server`; closes with the node."""
 
-    def __init__(self, node: Node, settings: ListenerSettings) -> None:
+    def __init__(
+        self,
+        node: Node,
+        settings: ListenerSettings,
+        listener: anyio.abc.Listener[anyio.abc.ByteStream] | None = None,
+    ) -> None:
         self.node = node
         self.settings = settings
         self.host = settings.host
         self.port = settings.port
+        self._listener = listener
+        #: The in-memory name it listens on, for a listener of a memory network.
+        self.memory_name: str | None = getattr(listener, "name", None)
         self._context: ssl.SSLContext | None = (
             settings.tls.server_context() if settings.tls is not None else None
         )
@@ -101,23 +109,29 @@ class Server:
 
     @property
     def url(self) -> str:
-        """What clients connect to: ``tcp://host:port`` or ``tls://host:port``."""
+        """What clients connect to: ``tcp://host:port`` or ``tls://host:port``
+        (``memory://name`` on an in-memory network)."""
+        if self.memory_name is not None:
+            return f"memory://{self.memory_name}"
         scheme = "tls" if self._context is not None else "tcp"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{scheme}://{host}:{self.port}"
 
     async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        try:
-            with map_exceptions(f"listening on {self.host}:{self.settings.port}"):
-                listener = await anyio.create_tcp_listener(
-                    local_host=self.host, local_port=self.settings.port
-                )
-        except TransportError:
-            self._stopped.set()
-            raise
+        listener = self._listener
+        if listener is None:
+            try:
+                with map_exceptions(f"listening on {self.host}:{self.settings.port}"):
+                    listener = await anyio.create_tcp_listener(
+                        local_host=self.host, local_port=self.settings.port
+                    )
+            except TransportError:
+                self._stopped.set()
+                raise
         try:
             async with listener, anyio.create_task_group() as tg:
-                self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+                if self.memory_name is None:
+                    self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
                 self._scope = tg.cancel_scope
                 task_status.started()
                 log.info("listening on %s", self.url)
@@ -145,7 +159,7 @@ class Server:
         certificate_name = None
         if self._context is not None:
             try:
-                with anyio.fail_after(self.settings.handshake_timeout):
+                with self.node.clock.fail_after(self.settings.handshake_timeout):
                     stream = await TLSStream.wrap(
                         stream,
                         server_side=True,
@@ -229,7 +243,7 @@ class Server:
             max_frame_size=settings.max_frame_size,
             handshake_frame_size=settings.login_frame_size,
         )
-        connection = Connection(stream, protocol, peer)
+        connection = Connection(stream, protocol, peer, self.node.clock)
         self._connections.add(connection)
         try:
             await self._login_and_serve(connection, certificate_name, slot, address)
@@ -251,7 +265,7 @@ class Server:
     ) -> None:
         settings = self.settings
         try:
-            with anyio.fail_after(settings.handshake_timeout):
+            with self.node.clock.fail_after(settings.handshake_timeout):
                 hello = await connection.receive_handshake()
         except TimeoutError:
             self.failed += 1
@@ -370,15 +384,23 @@ class Server:
         )
 
 
-async def start_server(node: Node, settings: ListenerSettings | None = None) -> Server:
-    """Start a listener for remote sessions in ``node`` (which must be running).
+async def start_server(
+    node: Node,
+    settings: ListenerSettings | None = None,
+    *,
+    listener: anyio.abc.Listener[anyio.abc.ByteStream] | None = None,
+) -> Server:
+    """Start a listener for remote sessions (and links) in ``node`` (which must be running).
 
     It stops with the node, or earlier with :meth:`Server.aclose`.
 
+    :param listener: accept connections from this listener (a
+        :class:`MemoryNetwork`'s, say) instead of binding ``settings.host`` and
+        ``settings.port``; the other settings apply as for TCP.
     :raises ConfigurationError: the TLS settings are not usable.
     :raises TransportError: the address cannot be bound.
     """
-    server = Server(node, settings if settings is not None else ListenerSettings())
+    server = Server(node, settings if settings is not None else ListenerSettings(), listener)
     await node.task_group.start(server._run)
     node.stash.setdefault(SERVERS, []).append(server)
     return server

@@ -1,0 +1,144 @@
+"""Remote sessions over an in-memory network, on a manual clock: keepalive, half-open
+peers, reconnects with backoff and connect order, driven only by moving clock time."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from meshbus import ManualClock, Node, TransportError
+from meshbus.transports import Backoff, ListenerSettings, MemoryNetwork, connect, start_server
+from meshbus.transports._server import SERVERS
+
+QUICK = ListenerSettings(keepalive=1.0, keepalive_timeout=3.0, handshake_timeout=2.0)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def network(clock: ManualClock) -> MemoryNetwork:
+    return MemoryNetwork(clock)
+
+
+@pytest.fixture
+async def node(clock: ManualClock, network: MemoryNetwork) -> AsyncIterator[Node]:
+    async with Node(name="b", clock=clock) as running:
+        await start_server(running, QUICK, listener=network.listen("b"))
+        yield running
+
+
+def steady(initial: float = 1.0, maximum: float = 120.0) -> Backoff:
+    """The default backoff without jitter, so a test can count its attempts."""
+    return Backoff(initial, maximum, jitter=0.0, rng=random.Random(0))
+
+
+async def test_a_session_reaches_a_node_over_the_memory_network(
+    node: Node, network: MemoryNetwork, clock: ManualClock
+) -> None:
+    local = node.connect(client_name="local")
+    local.subscribe("t")
+    async with connect(network.connectable("b", source="a"), clock=clock) as remote:
+        assert remote.url == "memory://b"
+        assert remote.welcome["node_id"] == node.node_id
+        remote.publish("t", b"over the wire")
+        await remote.confirm()
+        message = local.receive_nowait()
+        assert message is not None
+        assert (message.payload, message.sender) == (b"over the wire", remote.client_name)
+    (server,) = node.stash[SERVERS]
+    assert server.url == "memory://b"
+
+
+async def test_a_half_open_connection_is_found_by_keepalive_and_replaced(
+    node: Node, network: MemoryNetwork, clock: ManualClock
+) -> None:
+    async with connect(
+        network.connectable("b", source="a"), clock=clock, backoff=steady()
+    ) as remote:
+        remote.subscribe("t")
+        await remote.confirm()
+        network.half_open("a", "b")  # both directions now lose everything, silently
+        lost_after = await clock.wait_for(lambda: not remote.connected, within=60)
+        # Pings go unanswered: the timeout (3 s) passes, give or take a check interval.
+        assert 3.0 <= lost_after <= 4.0
+        # The node dropped its side too: no session of that name is left.
+        await clock.wait_for(lambda: remote.client_name not in node.vpn().sessions, within=60)
+        network.heal("a", "b")
+        await clock.wait_for(lambda: remote.connected, within=60)
+        assert remote.connects == 2
+        node.connect().publish("t", b"after the reconnect")
+        await clock.settle()
+        message = remote.receive_nowait()
+        assert message is not None
+        assert message.payload == b"after the reconnect"  # the subscription came back
+
+
+async def test_reconnect_attempts_follow_the_backoff_on_the_clock(
+    node: Node, network: MemoryNetwork, clock: ManualClock
+) -> None:
+    async with connect(
+        network.connectable("b", source="a"), clock=clock, backoff=steady()
+    ) as remote:
+        network.partition("a", "b")  # cut, and new connections refused
+        before = network.connects
+        await clock.wait_for(lambda: not remote.connected, within=60)
+        await clock.run(600)
+        # 1, 2, 4, ... 64 s, then every 120 s: 7 attempts in the first 127 s, 3 more by
+        # 600 s (and the wait before the next one has begun).
+        assert remote.connect_failures == 10
+        assert remote.backoff.attempt == 11
+        assert network.connects == before  # every attempt was refused before connecting
+        network.heal("a", "b")
+        waited = await clock.wait_for(lambda: remote.connected, within=200)
+        assert waited <= 120
+        assert remote.backoff.attempt == 0  # a login starts the delays over
+
+
+async def test_targets_are_tried_in_order(
+    node: Node, network: MemoryNetwork, clock: ManualClock
+) -> None:
+    async with Node(name="c", clock=clock) as other:
+        await start_server(other, QUICK, listener=network.listen("c"))
+        targets = [network.connectable(name, source="a") for name in ("nowhere", "b", "c")]
+        async with connect(*targets, clock=clock) as remote:
+            assert remote.url == "memory://b"
+            assert remote.welcome["node_id"] == node.node_id
+        network.partition("a", "b")
+        async with connect(*targets, clock=clock) as remote:
+            assert remote.url == "memory://c"
+            assert remote.welcome["node_id"] == other.node_id
+        with pytest.raises(TransportError, match="nothing listens"):
+            async with connect(targets[0], clock=clock):
+                pass
+
+
+async def test_a_login_that_never_comes_times_out_on_the_clock(
+    network: MemoryNetwork, clock: ManualClock
+) -> None:
+    silent = network.listen("silent")  # accepts, and never answers
+    failures: list[Exception] = []
+
+    async def nothing(stream: Any) -> None:
+        await anyio.Event().wait()
+
+    async def log_in() -> None:
+        try:
+            async with connect(network.connectable("silent"), clock=clock, connect_timeout=5):
+                pass
+        except TransportError as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(silent.serve, nothing, tg)
+        tg.start_soon(log_in)
+        waited = await clock.wait_for(lambda: bool(failures), within=60)
+        tg.cancel_scope.cancel()
+    assert waited == 5
+    assert "no answer to the login" in str(failures[0])

@@ -1,0 +1,234 @@
+"""How a client reaches a node: its settings, its targets in connect order, on its clock.
+
+:class:`ConnectSettings` is everything a remote session (or a link opened to another
+node) needs to reach and log in to a node. Its ``targets`` are tried in order: a URL
+(``tcp://`` or ``tls://``) or any anyio :class:`~anyio.abc.ByteStreamConnectable`
+(an in-memory network's, say). :class:`Dialer` connects and logs in, with every
+timeout and every wait between attempts on the given clock, so that a test on a
+:class:`~meshbus.ManualClock` drives reconnects by moving time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+import attrs
+
+from meshbus._clock import SystemClock
+from meshbus.abc import Clock
+from meshbus.errors import AuthenticationError, ConfigurationError, TransportError
+
+from . import _events as ev
+from ._backoff import Backoff
+from ._compression import ALGORITHMS
+from ._connection import Connection
+from ._framing import FRAME_HEADROOM
+from ._protocol import LinkProtocol, Role
+from ._settings import MAX_FRAME_SIZE, TlsSettings
+from ._streams import connect_stream, map_exceptions, parse_url
+
+__all__ = ["ConnectSettings", "Dialer", "Target", "target_name"]
+
+Target = str | anyio.abc.ByteStreamConnectable
+"""Where a node is: ``tcp://host:port``, ``tls://host:port``, or a connectable."""
+
+
+def _targets(value: object) -> tuple[Target, ...]:
+    items = [value] if isinstance(value, str | anyio.abc.ByteStreamConnectable) else value
+    if not isinstance(items, Sequence) or isinstance(items, str):
+        raise ConfigurationError(f"targets must be URLs or connectables, got {value!r}")
+    out = tuple(items)
+    if not out:
+        raise ConfigurationError("a client needs at least one target to connect to")
+    for item in out:
+        if isinstance(item, str):
+            parse_url(item)  # raises ConfigurationError naming what is wrong
+        elif not isinstance(item, anyio.abc.ByteStreamConnectable):
+            raise ConfigurationError(f"a target is a URL or a connectable, not {item!r}")
+    return out
+
+
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigurationError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not value > 0:
+        raise ConfigurationError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+def target_name(target: Target) -> str:
+    """How a target is named in logs and errors."""
+    return target if isinstance(target, str) else repr(target)
+
+
+@attrs.frozen
+class ConnectSettings:
+    """How a client reaches and logs in to a node (see :func:`meshbus.transports.connect`)."""
+
+    targets: tuple[Target, ...] = attrs.field(converter=_targets)
+    """Where the node is, tried in this order: URLs (``tcp://``, ``tls://``) or anyio
+    connectables."""
+    vpn: str = "default"
+    """The Message VPN to log in to."""
+    username: str | None = None
+    """The client username; without one, a client certificate's name (TLS) or
+    ``"default"``."""
+    password: str | None = attrs.field(default=None, repr=False)
+    """For basic authentication."""
+    client_name: str | None = None
+    """The session's client name (default: one the node makes up, kept for every
+    reconnect)."""
+    no_local: bool = False
+    """Not to receive the session's own publishes."""
+    timestamps: bool = False
+    """Have the node stamp the direct messages the session publishes."""
+    tls: TlsSettings | None = None
+    """Trust, certificate and checks for ``tls://`` targets (default: system CAs)."""
+    compression: bool = False
+    """Ask the node to compress the connection."""
+    reconnect: bool = True
+    """After a lost connection, reconnect with backoff (the first connection is not
+    retried: its failure raises)."""
+    backoff: Backoff | None = None
+    """Delays between reconnect attempts (a policy: each client counts its own
+    attempts); default 1 s doubling to 2 min, jittered."""
+    connect_timeout: float = attrs.field(default=10.0, validator=_positive)
+    """Seconds allowed to connect to a target, and again for the login's answer."""
+    max_buffered_messages: int = attrs.field(default=100_000, validator=_positive_int)
+    """Received messages buffered for :meth:`RemoteSession.receive`; beyond, the oldest
+    are discarded."""
+    max_buffered_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_positive_int)
+    """Bytes of received messages buffered likewise."""
+    max_send_buffer: int = attrs.field(default=16 * 1024 * 1024, validator=_positive_int)
+    """Bytes of publishes waiting to be written before :meth:`RemoteSession.publish`
+    refuses more."""
+    max_frame_size: int = attrs.field(
+        default=MAX_FRAME_SIZE + FRAME_HEADROOM, validator=_positive_int
+    )
+    """The largest frame accepted from the node (told to it at login)."""
+    clock: Clock | None = attrs.field(default=None, eq=False)
+    """Where keepalive, timeouts and reconnect delays take their time from (default:
+    the system clock; a node's clock for links and tests)."""
+
+    def hello(self, client_name: str | None) -> dict[str, Any]:
+        """The HELLO header of a login with these settings."""
+        hello: dict[str, Any] = {"vpn": self.vpn, "no_local": self.no_local}
+        if self.timestamps:
+            hello["timestamps"] = True
+        if self.username is not None:
+            hello["username"] = self.username
+        if self.password is not None:
+            hello["password"] = self.password
+        if client_name is not None:
+            hello["client_name"] = client_name
+        if self.compression:
+            hello["compression"] = list(ALGORITHMS)
+        return hello
+
+
+class Dialer:
+    """Connects and logs in to a node, trying :attr:`ConnectSettings.targets` in order.
+
+    :param settings: where and how.
+    :param clock: the clock of timeouts and waits (default: the settings' or the system's).
+    """
+
+    def __init__(self, settings: ConnectSettings, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or settings.clock or SystemClock()
+        template = settings.backoff or Backoff()
+        self.backoff = template.fresh()
+        #: The target of the current (or last) connection.
+        self.index = 0
+
+    @property
+    def target(self) -> str:
+        """The name of the current (or last) target."""
+        return target_name(self.settings.targets[self.index])
+
+    async def login(
+        self, hello: dict[str, Any], *, start: int = 0, stop: int | None = None
+    ) -> tuple[Connection, ev.Welcome]:
+        """Connect and log in to the first target, from ``start``, that takes the login.
+
+        :raises AuthenticationError: a node refused the login (and no later target took it).
+        :raises TransportError: no target could be reached.
+        """
+        targets = self.settings.targets
+        failure: Exception | None = None
+        for index in range(start, len(targets) if stop is None else stop):
+            try:
+                connection, welcome = await self._login_once(targets[index], hello)
+            except (AuthenticationError, TransportError) as exc:
+                if failure is None or isinstance(exc, AuthenticationError):
+                    failure = exc  # a refusal says more than an unreachable target
+                continue
+            self.index = index
+            return connection, welcome
+        assert failure is not None
+        raise failure
+
+    async def _login_once(
+        self, target: Target, hello: dict[str, Any]
+    ) -> tuple[Connection, ev.Welcome]:
+        settings = self.settings
+        name = target_name(target)
+        stream = await self._connect(target)
+        protocol = LinkProtocol(Role.CLIENT, max_frame_size=settings.max_frame_size)
+        connection = Connection(stream, protocol, name, self.clock)
+        try:
+            protocol.hello(hello)
+            await connection.flush()
+            try:
+                with self.clock.fail_after(settings.connect_timeout):
+                    welcome = await connection.receive_handshake()
+            except AuthenticationError as exc:  # name the user as the node did
+                username = exc.username or settings.username or "default"
+                raise AuthenticationError(username, exc.why) from None
+        except TimeoutError:
+            await connection.aclose()
+            raise TransportError(f"connecting to {name}: no answer to the login") from None
+        except TransportError as exc:
+            await connection.aclose()
+            tls = settings.tls
+            if name.startswith("tls:") and (tls is None or tls.certificate is None):
+                # With TLS 1.3 a node checks client certificates after the client's side
+                # of the handshake is done; its refusal arrives as a closed connection.
+                raise TransportError(
+                    f"{exc} (during login, without a client certificate: the node may require one)"
+                ) from exc
+            raise
+        except BaseException:
+            await connection.aclose()
+            raise
+        assert isinstance(welcome, ev.Welcome)
+        return connection, welcome
+
+    async def _connect(self, target: Target) -> anyio.abc.ByteStream:
+        settings = self.settings
+        if isinstance(target, str):
+            return await connect_stream(target, tls=settings.tls, timeout=settings.connect_timeout)
+        name = target_name(target)
+        try:
+            with (
+                self.clock.fail_after(settings.connect_timeout),
+                map_exceptions(f"connecting to {name}"),
+            ):
+                return await target.connect()
+        except TimeoutError:
+            raise TransportError(
+                f"connecting to {name}: timed out after {settings.connect_timeout} s"
+            ) from None
+        except anyio.ConnectionFailed as exc:
+            raise TransportError(f"connecting to {name}: {exc}") from exc
+
+    async def wait(self) -> float:
+        """Wait, on the clock, before the next attempt; return how long."""
+        delay = self.backoff.next_delay()
+        await self.clock.sleep_until(self.clock.monotonic() + delay)
+        return delay
