@@ -128,7 +128,8 @@ class ServedFlows:
                 message_id = message.message_id
                 assert message_id is not None
                 unacked[message_id] = message
-                protocol.send_raw(encode_flow_deliver(number, message_id, message))
+                now = self.connection.clock.time()
+                protocol.send_raw(encode_flow_deliver(number, message_id, message, now))
                 await self.connection.flush()
 
     async def unbind(self, event: ev.Unbind) -> None:

@@ -348,7 +348,7 @@ class RemoteSession:
         if kind == _DELIVER:
             self._egress.push(decode_deliver(event, payload))
         elif kind == _FLOW_DELIVER:
-            number, message = decode_flow_deliver(event, payload)
+            number, message = decode_flow_deliver(event, payload, self._dialer.clock.time())
             flow = self._flows.get(number)
             if flow is not None:
                 flow._push(message)

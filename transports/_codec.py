@@ -16,14 +16,20 @@ the frame the peer reads, or whose header would be over
 a single message too large for the peer raises :class:`FrameTooLarge`.
 
 ``options`` is an object holding only what differs from the defaults, with
-short keys (see ``_OPTION_KEYS``). Decoding checks every type before building
-a :class:`~meshbus.Message`; anything else is a :class:`~meshbus.ProtocolError`.
+short keys (see :func:`options_to_wire`). Decoding checks every type before
+building a :class:`~meshbus.Message`; anything else is a :class:`~meshbus.ProtocolError`.
 Unknown option keys are ignored, so a newer peer may add some.
+
+A message that crossed a link carries what it keeps across nodes there too: its
+origin (``o``: ``[node id, message id]``), its hop count (``hc``) and the seconds
+it has left to live (``x``: the time left, not a time of day, so the nodes need
+not agree on the clock; each side converts with its own ``now``).
 """
 
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,8 +106,12 @@ def _fitting(kind: int, head: bytes, payload: bytes, max_frame: int) -> bytes:
 # --- options ----------------------------------------------------------------------
 
 
-def options_to_wire(options: MessageOptions) -> dict[str, Any]:
-    """The non-default settings of ``options``, with wire keys."""
+def options_to_wire(options: MessageOptions, now: float | None = None) -> dict[str, Any]:
+    """The non-default settings of ``options``, with wire keys.
+
+    :param now: the sender's clock time, for the time a message has left to live
+        (default: :func:`time.time`).
+    """
     wire: dict[str, Any] = {}
     if options.delivery_mode is not DeliveryMode.DIRECT:
         wire["m"] = options.delivery_mode.value
@@ -119,6 +129,13 @@ def options_to_wire(options: MessageOptions) -> dict[str, Any]:
         wire["rd"] = True
     if options.destination is not None:
         wire["q"] = options.destination
+    if options.origin is not None:
+        wire["o"] = options.origin
+    if options.hop_count:
+        wire["hc"] = options.hop_count
+    if options.expires_at is not None:
+        left = options.expires_at - (time.time() if now is None else now)
+        wire["x"] = left if left > 0 else 0
     return wire
 
 
@@ -138,8 +155,14 @@ def _check(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
     return value
 
 
-def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOptions:
-    """:class:`MessageOptions` from wire keys; :class:`ProtocolError` on bad types."""
+def options_from_wire(
+    wire: Any, message_id: int | None = None, now: float | None = None
+) -> MessageOptions:
+    """:class:`MessageOptions` from wire keys; :class:`ProtocolError` on bad types.
+
+    :param now: the receiver's clock time, which a time to live left counts from
+        (default: :func:`time.time`).
+    """
     if type(wire) is not dict:
         raise ProtocolError("message options must be an object")
     mode_name = wire.get("m", "direct")
@@ -161,6 +184,25 @@ def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOption
     destination = wire.get("q")
     if destination is not None:
         _check(destination, str, "destination")
+    origin = wire.get("o")
+    if origin is not None:
+        if (
+            type(origin) is not list
+            or len(origin) != 2
+            or type(origin[0]) is not str
+            or type(origin[1]) is not int
+        ):
+            raise ProtocolError("message origin must be [node id, message id]")
+        origin = (origin[0], origin[1])
+    hop_count = _check(wire.get("hc", 0), int, "hop count")
+    if hop_count < 0:
+        raise ProtocolError("message hop count must not be negative")
+    expires_at = None
+    left = wire.get("x")
+    if left is not None:
+        if not 0 <= _check(left, (int, float), "time to live") < float("inf"):
+            raise ProtocolError("message time to live must be a finite number >= 0")
+        expires_at = (time.time() if now is None else now) + left
     return MessageOptions(
         mode,
         headers,
@@ -171,9 +213,9 @@ def options_from_wire(wire: Any, message_id: int | None = None) -> MessageOption
         _check(wire.get("rd", False), bool, "redelivered flag"),
         message_id,
         destination,
-        None,
-        0,
-        None,
+        origin,
+        hop_count,
+        expires_at,
         size,
     )
 
@@ -220,9 +262,12 @@ def decode_publish(header: list[Any]) -> tuple[str, dict[str, Any] | None]:
 # --- node to client -----------------------------------------------------------------
 
 
-def encode_deliver(message: Message, max_frame: int = _UNLIMITED) -> bytes:
+def encode_deliver(
+    message: Message, max_frame: int = _UNLIMITED, now: float | None = None
+) -> bytes:
     """A DELIVER frame for a message a remote session receives.
 
+    :param now: the sender's clock time (for the time the message has left to live).
     :raises FrameTooLarge: the frame would be longer than ``max_frame`` (what the
         peer reads), or its header longer than ``HEADER_LIMIT``.
     """
@@ -230,11 +275,12 @@ def encode_deliver(message: Message, max_frame: int = _UNLIMITED) -> bytes:
     if options is DEFAULT_OPTIONS:
         head = _dumps((message.topic, message.sender, message.timestamp))
     else:
-        head = _dumps((message.topic, message.sender, message.timestamp, options_to_wire(options)))
+        wire = options_to_wire(options, now)
+        head = _dumps((message.topic, message.sender, message.timestamp, wire))
     return _fitting(_DELIVER, head, message.payload, max_frame)
 
 
-def decode_deliver(header: list[Any], payload: bytes) -> Message:
+def decode_deliver(header: list[Any], payload: bytes, now: float | None = None) -> Message:
     """The :class:`Message` of a DELIVER frame, types checked."""
     n = len(header)
     if n == 3:
@@ -242,13 +288,15 @@ def decode_deliver(header: list[Any], payload: bytes) -> Message:
         options = DEFAULT_OPTIONS
     elif n == 4:
         topic, sender, timestamp, wire = header
-        options = options_from_wire(wire)
+        options = options_from_wire(wire, None, now)
     else:
         raise ProtocolError(f"DELIVER header has {n} items, not 3 or 4")
     return _message(topic, payload, sender, timestamp, options)
 
 
-def encode_flow_deliver(flow: int, message_id: int, message: Message) -> bytes:
+def encode_flow_deliver(
+    flow: int, message_id: int, message: Message, now: float | None = None
+) -> bytes:
     """A FLOW_DELIVER frame: a guaranteed message on flow ``flow``."""
     head = _dumps(
         (
@@ -257,20 +305,23 @@ def encode_flow_deliver(flow: int, message_id: int, message: Message) -> bytes:
             message.topic,
             message.sender,
             message.timestamp,
-            options_to_wire(message.options),
+            options_to_wire(message.options, now),
         )
     )
     return _frame(_FLOW_DELIVER, head, message.payload)
 
 
-def decode_flow_deliver(header: list[Any], payload: bytes) -> tuple[int, Message]:
+def decode_flow_deliver(
+    header: list[Any], payload: bytes, now: float | None = None
+) -> tuple[int, Message]:
     """``(flow, message)`` of a FLOW_DELIVER frame; the message carries its id."""
     if len(header) != 6:
         raise ProtocolError(f"FLOW_DELIVER header has {len(header)} items, not 6")
     flow, message_id, topic, sender, timestamp, wire = header
     _check(flow, int, "flow")
     _check(message_id, int, "id")
-    message = _message(topic, payload, sender, timestamp, options_from_wire(wire, message_id))
+    options = options_from_wire(wire, message_id, now)
+    message = _message(topic, payload, sender, timestamp, options)
     return flow, message
 
 
@@ -376,18 +427,30 @@ def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry
     return entries
 
 
-def encode_deliver_batch(messages: list[Message], max_frame: int = _UNLIMITED) -> bytes:
+def encode_deliver_batch(
+    messages: list[Message],
+    max_frame: int = _UNLIMITED,
+    *,
+    hops: list[int] | None = None,
+    now: float | None = None,
+) -> bytes:
     """DELIVER_BATCH frames for ``messages`` (in order): one, or more when one would be
     longer than ``max_frame`` (what the peer reads) or its header over ``HEADER_LIMIT``.
 
+    :param hops: on a link, the hop count each message crosses it with (its own,
+        plus what the link's stages added), in the order of ``messages``.
+    :param now: the sender's clock time (for the time messages have left to live).
     :raises FrameTooLarge: a message does not fit in a frame on its own.
     """
-    head = [
-        (m.topic, m.sender, m.timestamp, len(m.payload))
-        if m.options is DEFAULT_OPTIONS
-        else (m.topic, m.sender, m.timestamp, len(m.payload), options_to_wire(m.options))
-        for m in messages
-    ]
+    if hops is None:
+        head = [
+            (m.topic, m.sender, m.timestamp, len(m.payload))
+            if m.options is DEFAULT_OPTIONS
+            else (m.topic, m.sender, m.timestamp, len(m.payload), options_to_wire(m.options, now))
+            for m in messages
+        ]
+    else:
+        head = [_link_entry(m, hop, now) for m, hop in zip(messages, hops, strict=True)]
     header = _dumps(head)
     payload = b"".join([m.payload for m in messages])
     if 9 + len(header) + len(payload) <= max_frame and len(header) <= HEADER_LIMIT:
@@ -395,12 +458,28 @@ def encode_deliver_batch(messages: list[Message], max_frame: int = _UNLIMITED) -
     if len(messages) == 1:
         raise FrameTooLarge(9 + len(header) + len(payload), max_frame)
     half = len(messages) // 2  # rare: halve until each part fits
-    return encode_deliver_batch(messages[:half], max_frame) + encode_deliver_batch(
-        messages[half:], max_frame
-    )
+    first, rest = (None, None) if hops is None else (hops[:half], hops[half:])
+    return encode_deliver_batch(
+        messages[:half], max_frame, hops=first, now=now
+    ) + encode_deliver_batch(messages[half:], max_frame, hops=rest, now=now)
 
 
-def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
+def _link_entry(message: Message, hop_count: int, now: float | None) -> tuple[Any, ...]:
+    """A DELIVER_BATCH entry for a message crossing a link with ``hop_count``."""
+    options = message.options
+    if options is DEFAULT_OPTIONS and not hop_count:
+        return (message.topic, message.sender, message.timestamp, len(message.payload))
+    wire = options_to_wire(options, now)
+    if hop_count:
+        wire["hc"] = hop_count
+    else:
+        wire.pop("hc", None)
+    return (message.topic, message.sender, message.timestamp, len(message.payload), wire)
+
+
+def decode_deliver_batch(
+    header: list[Any], payload: bytes, now: float | None = None
+) -> list[Message]:
     """The messages of a DELIVER_BATCH frame, sizes and types checked."""
     messages: list[Message] = []
     append = messages.append
@@ -415,7 +494,7 @@ def decode_deliver_batch(header: list[Any], payload: bytes) -> list[Message]:
             options = DEFAULT_OPTIONS
         elif n == 5:
             topic, sender, timestamp, size, wire = item
-            options = options_from_wire(wire)
+            options = options_from_wire(wire, None, now)
             for value in wire.values():  # only a container calls: most hold none
                 if type(value) is dict or type(value) is list:
                     _check_nesting(value)

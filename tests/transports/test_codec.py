@@ -78,7 +78,14 @@ def messages(draw: st.DrawFn, *, message_id: int | None = None) -> Message:
         redelivered=draw(st.booleans()),
         message_id=message_id,
         destination=draw(st.none() | texts),
+        origin=draw(st.none() | st.tuples(texts, st.integers(0, 2**63 - 1))),
+        hop_count=draw(st.integers(0, 20)),
+        # On the sender's clock, read at NOW by both ends below.
+        expires_at=draw(st.none() | st.floats(NOW, NOW + 1e6)),
     )
+
+
+NOW = 1_700_000_000.0  # the clock time both ends of these round trips read
 
 
 # --- publish (client to node) -----------------------------------------------------------------
@@ -172,10 +179,11 @@ def test_a_plain_delivery_is_a_three_item_header() -> None:
 @settings(max_examples=150, deadline=None)
 @given(message=messages())
 def test_deliver_round_trips_every_option(message: Message) -> None:
-    kind, header, payload = decode(encode_deliver(message))
+    # A time to live travels as the time left: both ends read the clock at NOW.
+    kind, header, payload = decode(encode_deliver(message, now=NOW))
     assert kind == K.DELIVER
     assert len(header) == (3 if message.options is DEFAULT_OPTIONS else 4)
-    got = decode_deliver(header, payload)
+    got = decode_deliver(header, payload, NOW)
     assert got == message
     for name in (
         "topic",
@@ -190,9 +198,37 @@ def test_deliver_round_trips_every_option(message: Message) -> None:
         "discard_indication",
         "redelivered",
         "destination",
+        "origin",
+        "hop_count",
     ):
         assert getattr(got, name) == getattr(message, name), name
     assert got.message_id is None
+    assert got.expires_at == message.expires_at
+
+
+def test_a_time_to_live_travels_as_the_time_left() -> None:
+    message = Message("t", b"x", origin=("n1", 7), hop_count=2, expires_at=1000.0)
+    wire = options_to_wire(message.options, now=990.0)
+    assert wire == {"o": ("n1", 7), "hc": 2, "x": 10.0}
+    # The receiver's clock may read anything: the message has 10 s left there.
+    options = options_from_wire(orjson.loads(orjson.dumps(wire)), now=5.0)
+    assert (options.origin, options.hop_count, options.expires_at) == (("n1", 7), 2, 15.0)
+    # Past its time: nothing left, never a negative number.
+    assert options_to_wire(message.options, now=2000.0)["x"] == 0
+
+
+def test_a_link_batch_carries_each_messages_hop_count() -> None:
+    plain = Message("a", b"1")
+    crossed = Message("b", b"2", origin=("n1", 1), hop_count=1)
+    [(_, header, payload)] = FrameDecoder(1 << 20).feed(
+        encode_deliver_batch([plain, crossed, crossed], hops=[1, 2, 0])
+    )
+    got = decode_deliver_batch(header, payload)
+    assert [m.hop_count for m in got] == [1, 2, 0]
+    assert [m.origin for m in got] == [None, ("n1", 1), ("n1", 1)]
+    # The same batch without hops: each message's own.
+    [(_, header, payload)] = FrameDecoder(1 << 20).feed(encode_deliver_batch([plain, crossed]))
+    assert [m.hop_count for m in decode_deliver_batch(header, payload)] == [0, 1]
 
 
 def test_options_travel_as_short_keys_holding_only_what_differs() -> None:
@@ -269,10 +305,10 @@ def test_flow_deliver_round_trips_with_the_message_id(
     data: st.DataObject, flow: int, message_id: int
 ) -> None:
     message = data.draw(messages(message_id=message_id))
-    kind, header, payload = decode(encode_flow_deliver(flow, message_id, message))
+    kind, header, payload = decode(encode_flow_deliver(flow, message_id, message, NOW))
     assert kind == K.FLOW_DELIVER
     assert len(header) == 6
-    got_flow, got = decode_flow_deliver(header, payload)
+    got_flow, got = decode_flow_deliver(header, payload, NOW)
     assert got_flow == flow
     assert got.message_id == message_id
     assert got == message
@@ -340,6 +376,16 @@ def test_bad_deliver_headers(header: list[Any], match: str) -> None:
         ({"d": "true"}, "message discard indication has the wrong type"),
         ({"rd": 1}, r"message redelivered flag has the wrong type \(int\)"),
         ({"rd": []}, "message redelivered flag has the wrong type"),
+        ({"o": "n1"}, r"message origin must be \[node id, message id\]"),
+        ({"o": ["n1"]}, "message origin must be"),
+        ({"o": ["n1", "7"]}, "message origin must be"),
+        ({"o": [1, 7]}, "message origin must be"),
+        ({"hc": "1"}, r"message hop count has the wrong type \(str\)"),
+        ({"hc": True}, "message hop count has the wrong type"),
+        ({"hc": -1}, "message hop count must not be negative"),
+        ({"x": "soon"}, r"message time to live has the wrong type \(str\)"),
+        ({"x": -1}, "message time to live must be a finite number"),
+        ({"x": 1e400}, "message time to live must be a finite number"),
     ],
 )
 def test_bad_options(wire: dict[str, Any], match: str) -> None:
@@ -459,9 +505,9 @@ def test_publish_batch_headers_that_are_not_json_are_a_type_error() -> None:
 @settings(max_examples=100, deadline=None)
 @given(batch=st.lists(messages(), min_size=1, max_size=6))
 def test_deliver_batch_round_trips_every_option(batch: list[Message]) -> None:
-    kind, header, payload = decode(encode_deliver_batch(batch))
+    kind, header, payload = decode(encode_deliver_batch(batch, now=NOW))
     assert kind == K.DELIVER_BATCH
-    assert decode_deliver_batch(header, payload) == batch
+    assert decode_deliver_batch(header, payload, NOW) == batch
 
 
 @pytest.mark.parametrize(
