@@ -46,12 +46,23 @@ def unwrap_errors() -> Iterator[None]:
         yield
     except BaseExceptionGroup as group:
         matched, rest = group.split(MeshbusError)
+        if matched is not None and rest is not None:
+            cancelled, other = rest.split(anyio.get_cancelled_exc_class())
+            if other is None and cancelled is not None:
+                # An outer scope is cancelling the connection (a session shutting
+                # down) while its stream failed: the cancellation is what happened,
+                # and the scope that asked for it must see it to end quietly.
+                raise _first_leaf(cancelled) from None
         if matched is None or rest is not None:
             raise
-        error = matched.exceptions[0]
-        while isinstance(error, BaseExceptionGroup):
-            error = error.exceptions[0]
-        raise error from None
+        raise _first_leaf(matched) from None
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 class Connection:
