@@ -190,6 +190,10 @@ class OriginFilter:
             seen.popitem(last=False)
         return False
 
+    def forget(self, origin: tuple[str, int]) -> None:
+        """Forget ``origin``: the message was refused, and its next copy is not a duplicate."""
+        self._seen.pop(origin, None)
+
     def _prune(self, now: float) -> None:
         seen = self._seen
         while seen:
@@ -444,6 +448,10 @@ class Link(ABC):
             await self.vpn.node.guaranteed.spool_from_link(self, envelope.message)
         except BaseException:
             self.receive_failures += 1
+            origin = message.options.origin
+            if self.dedup and origin is not None:
+                # Nothing was kept: the copy the peer sends again is no duplicate.
+                self.vpn.links.origins.forget(origin)
             raise
         self.received += 1
         return True

@@ -14,6 +14,7 @@ from ._backoff import Backoff
 from ._client import RemoteSession, connect
 from ._dialing import ConnectSettings, Target
 from ._framing import FrameDecoder, FrameKind, encode_frame
+from ._link import WireLink, open_link
 from ._memory import MemoryListener, MemoryNetwork, MemoryStream
 from ._protocol import PROTOCOL_VERSION, ConnectionState, LinkProtocol, Role
 from ._remote_flow import RemoteFlow
@@ -52,10 +53,12 @@ __all__ = [
     "ServerStatistics",
     "Target",
     "TlsSettings",
+    "WireLink",
     "connect",
     "connect_stream",
     "encode_frame",
     "memory_stream_pair",
+    "open_link",
     "parse_url",
     "start_server",
 ]

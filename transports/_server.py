@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import ssl
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -37,6 +37,7 @@ from . import _events as ev
 from ._asyncio_tcp import adopt_tcp_stream
 from ._compression import ALGORITHMS
 from ._connection import Connection
+from ._link import WireLink
 from ._protocol import LinkProtocol, Role
 from ._serving import ServedSession, WriteThrough
 from ._settings import ListenerSettings
@@ -44,6 +45,7 @@ from ._streams import map_exceptions
 
 if TYPE_CHECKING:
     from meshbus._node import Node
+    from meshbus._session import Session
 
 __all__ = ["Server", "ServerStatistics", "start_server"]
 
@@ -275,6 +277,9 @@ class Server:
             self.failed += 1
             log.warning("closing connection from %s: %s", connection.peer, exc)
             return
+        if hello.link is not None:
+            await self._serve_link(connection, hello, certificate_name, address, slot)
+            return
         served = await self._login(connection, hello, certificate_name, address)
         if served is None:
             return
@@ -288,21 +293,76 @@ class Server:
         finally:
             served.session.close()
 
-    async def _login(
+    async def _serve_link(
         self,
         connection: Connection,
         hello: ev.Hello,
         certificate_name: str | None,
         address: str | None,
-    ) -> ServedSession | None:
-        protocol = connection.protocol
+        slot: _LoginSlot,
+    ) -> None:
+        """A peer node opens a link: log it in like a client, check that its user may
+        open links (``allow_bridge_connections``, plugins), then carry the link."""
+        session = await self._authenticate(connection, hello, certificate_name, address)
+        if session is None:
+            return
+        assert hello.link is not None
+        login = hello.link
+        vpn = session.vpn
+        try:
+            user = vpn.users.get(session.username) or vpn.users["default"]
+            vpn.accept_link(user, login.kind, login.node)
+        except AccessDeniedError as exc:
+            session.close()
+            self._refuse(connection, exc, session.username, vpn.name)
+            await connection.flush_quietly()
+            return
+        name = f"{login.node}/{login.name}"
+        old = vpn.links.get(name)
+        if old is not None:  # the peer came back while its old connection looks alive
+            old.stop(f"replaced by a new connection from {connection.peer}")
+        link = WireLink(vpn, name, kind=login.kind, session=session, acl=session._acl)
+        vpn.links.attach(link)
+        compression = self._compression(hello)
+        welcome = self._welcome(session, {"link": login.kind})
+        connection.protocol.accept(welcome, compression=compression)
+        slot.release()
+        self.logins += 1
+        log.info(
+            "link from %s: %r of node %s as %r in VPN %r",
+            connection.peer,
+            login.name,
+            login.node,
+            session.username,
+            vpn.name,
+        )
+        try:
+            await link.serve(
+                connection,
+                login.node,
+                login.cluster,
+                keepalive=self.settings.keepalive,
+                keepalive_timeout=self.settings.keepalive_timeout,
+            )
+        finally:
+            link.stop(link.reason or "its connection ended")
+            session.close()
+
+    async def _authenticate(
+        self,
+        connection: Connection,
+        hello: ev.Hello,
+        certificate_name: str | None,
+        address: str | None,
+    ) -> Session | None:
+        """The session ``hello`` logs in to, or ``None`` (refused, answered, counted)."""
         vpn = hello.vpn or "default"
         username = hello.username or certificate_name or "default"
         try:
             # Never a password check on the event loop, and a refusal that says
             # nothing of the username (SPEC 6): the node's login does both, and
             # slows down repeated failures from this address.
-            session = await self.node.login(
+            return await self.node.login(
                 vpn,
                 username=username,
                 password=hello.password,
@@ -313,35 +373,54 @@ class Server:
                 address=address,
             )
         except MeshbusError as exc:
-            self.refused += 1
-            code = "authentication" if isinstance(exc, AccessDeniedError) else "refused"
-            # The real reason, which the client is not told, at a rate that cannot
-            # flood the log.
-            reason = exc.reason if isinstance(exc, AuthenticationError) else str(exc)
-            where = f"user {username!r}, VPN {vpn!r}"
-            self.node.logins.log_refusal(log, connection.peer, f"{reason} ({where})")
-            if isinstance(exc, AccessDeniedError):
-                protocol.refuse(code, str(exc), exc.why, exc.username)
-            else:
-                protocol.refuse(code, str(exc))
+            self._refuse(connection, exc, username, vpn)
             await connection.flush_quietly()
             return None
-        compression = next((a for a in ALGORITHMS if a in hello.compression), None)
+
+    def _refuse(self, connection: Connection, exc: MeshbusError, username: str, vpn: str) -> None:
+        self.refused += 1
+        code = "authentication" if isinstance(exc, AccessDeniedError) else "refused"
+        # The real reason, which the client is not told, at a rate that cannot
+        # flood the log.
+        reason = exc.reason if isinstance(exc, AuthenticationError) else str(exc)
+        where = f"user {username!r}, VPN {vpn!r}"
+        self.node.logins.log_refusal(log, connection.peer, f"{reason} ({where})")
+        if isinstance(exc, AccessDeniedError):
+            connection.protocol.refuse(code, str(exc), exc.why, exc.username)
+        else:
+            connection.protocol.refuse(code, str(exc))
+
+    def _compression(self, hello: ev.Hello) -> str | None:
         if not self.settings.compression:
-            compression = None
-        protocol.accept(
-            {
-                "client_name": session.client_name,
-                "vpn": vpn,
-                "node": self.node.name,
-                "node_id": self.node.node_id,
-                "cluster": self.node.cluster,
-                "keepalive": self.settings.keepalive,
-                "keepalive_timeout": self.settings.keepalive_timeout,
-                "max_frame_size": self.settings.max_frame_size,
-            },
-            compression=compression,
-        )
+            return None
+        return next((a for a in ALGORITHMS if a in hello.compression), None)
+
+    def _welcome(self, session: Session, extra: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "client_name": session.client_name,
+            "vpn": session.vpn.name,
+            "node": self.node.name,
+            "node_id": self.node.node_id,
+            "cluster": self.node.cluster,
+            "keepalive": self.settings.keepalive,
+            "keepalive_timeout": self.settings.keepalive_timeout,
+            "max_frame_size": self.settings.max_frame_size,
+            **extra,
+        }
+
+    async def _login(
+        self,
+        connection: Connection,
+        hello: ev.Hello,
+        certificate_name: str | None,
+        address: str | None,
+    ) -> ServedSession | None:
+        session = await self._authenticate(connection, hello, certificate_name, address)
+        if session is None:
+            return None
+        vpn = session.vpn.name
+        compression = self._compression(hello)
+        connection.protocol.accept(self._welcome(session, {}), compression=compression)
         write_through = self.node.stash.setdefault(WRITE_THROUGH, WriteThrough())
         served = ServedSession(connection, session, self.settings, write_through)
         try:

@@ -1,0 +1,725 @@
+"""Links over connections: a :class:`~meshbus.Link` whose peer is a VPN on another node.
+
+A :class:`WireLink` runs over one connection in link mode (see
+:mod:`meshbus.transports._protocol`). Either node may have opened it: the one that
+dials (:func:`open_link`, with :class:`ConnectSettings`, reconnecting with backoff
+on its node's clock) or the one whose listener accepted it (:func:`start_server`
+does that by itself when a HELLO names a link). Once the connection is up the two
+sides are alike:
+
+* what this side **wants** from the peer (:meth:`WireLink.want`) goes out as
+  SUBSCRIBE requests, told again after every reconnect; the peer's SUBSCRIBEs
+  become the link's interest here (checked against the ACL of the user the peer
+  logged in as), so the VPN's link router sends it what matches, as DELIVER frames
+  that keep each message's sender, timestamp, origin and hop count;
+* **guaranteed** messages cross in two ways: this side binds a flow to a queue of
+  the peer (:meth:`WireLink.pull`) and acknowledges each message only once it is
+  spooled to every matching endpoint here, retrying on a timer while an endpoint
+  refuses it (that flow waits; the others and direct messages go on); or the peer
+  SENDs one and gets OK once it is spooled here, or ERROR to send it again later;
+* **ADVERTISE** frames (a plugin's routing interest) are checked for gaps and handed
+  to :attr:`WireLink.on_advertise`.
+
+The link's state follows its connection: ``connecting``, ``syncing`` until the peer
+has answered what this side asked for, ``in-sync``, and ``backoff`` between attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from meshbus._links import Link, LinkState
+from meshbus._messages import DeliveryMode, Envelope, Message, make_message
+from meshbus._topics import parse_subscription
+from meshbus.errors import (
+    AccessDeniedError,
+    MeshbusError,
+    ProtocolError,
+    StateError,
+    TransportError,
+)
+
+from . import _events as ev
+from ._answering import Answers, ServedFlows
+from ._codec import (
+    FrameTooLarge,
+    decode_deliver,
+    decode_deliver_batch,
+    decode_flow_deliver,
+    encode_deliver_batch,
+    options_from_wire,
+    options_to_wire,
+)
+from ._connection import Connection, unwrap_errors
+from ._dialing import ConnectSettings, Dialer
+from ._framing import FrameKind
+from ._protocol import ConnectionState
+from ._wire_errors import error_from
+
+if TYPE_CHECKING:
+    from meshbus._acl import AclChecker
+    from meshbus._session import Session
+    from meshbus._vpn import Vpn
+
+__all__ = ["WireLink", "open_link"]
+
+log = logging.getLogger("meshbus.links")
+
+K = FrameKind
+_DELIVER = int(K.DELIVER)
+_DELIVER_BATCH = int(K.DELIVER_BATCH)
+_FLOW_DELIVER = int(K.FLOW_DELIVER)
+_MODES = {True: "persistent", False: "non-persistent"}
+
+AdvertiseHandler = Callable[["WireLink", ev.Advertise], None]
+"""Called with each ADVERTISE the peer sent, once it is known to follow the last one."""
+
+
+class _Answer:
+    """An answer this side waits for, to one of its own requests."""
+
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.result: dict[str, Any] = {}
+        self.error: MeshbusError | None = None
+
+
+class _Pull:
+    """A flow this side bound to a queue of the peer, and its messages not yet spooled."""
+
+    __slots__ = ("arrived", "messages", "queue", "window")
+
+    def __init__(self, queue: str, window: int) -> None:
+        self.queue = queue
+        self.window = window
+        self.messages: deque[Message] = deque()
+        self.arrived = anyio.Event()
+
+
+class WireLink(Link):
+    """A link to a VPN of another node, over one connection at a time.
+
+    Make one with :func:`open_link` (this node dials) or let a listener accept one.
+
+    :param settings: where the peer is and how to log in to it (the dialling side);
+        ``None`` for a link a listener accepted.
+    :param session: the session the peer logged in to (accepted links): its ACL
+        checks the peer's interest and publishes, and it holds the flows the peer
+        binds. A dialling link opens its own session the first time the peer binds.
+    :param retry_interval: seconds between attempts to spool a pulled message that an
+        endpoint refused.
+    :param max_pending_bytes: bytes of messages queued for the peer before
+        :meth:`send` refuses more (counted as forward failures).
+    """
+
+    def __init__(
+        self,
+        vpn: Vpn,
+        name: str,
+        *,
+        kind: str = "bridge",
+        settings: ConnectSettings | None = None,
+        session: Session | None = None,
+        acl: AclChecker | None = None,
+        dedup: bool = True,
+        endpoint: str | None = None,
+        retry_interval: float = 1.0,
+        max_pending_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        super().__init__(vpn, name, kind, dedup=dedup, endpoint=endpoint, acl=acl)
+        self.settings = settings
+        self.session = session
+        self.retry_interval = retry_interval
+        self.max_pending_bytes = max_pending_bytes
+        #: Called with the peer's ADVERTISE frames (gaps already dealt with).
+        self.on_advertise: AdvertiseHandler | None = None
+        #: Why the peer refused what this side asked for, by filter or queue.
+        self.refusals: dict[str, str] = {}
+        self._wants: dict[str, None] = {}
+        self._pulls: dict[str, int] = {}
+        self._connection: Connection | None = None
+        self._answers: Answers | None = None
+        self._served: ServedFlows | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._pending: list[Message] = []
+        self._hops: list[int] = []
+        self._pending_bytes = 0
+        self._wake = anyio.Event()
+        self._requests: dict[int, _Answer] = {}
+        self._next_request = 0
+        self._pulled: dict[int, _Pull] = {}
+        self._sends: deque[tuple[ev.Send, bytes]] = deque()
+        self._sends_waiting = anyio.Event()
+        self._advertised: tuple[int, int] | None = None  # the peer's epoch and last seq
+        self._my_epoch = vpn.node.next_origin_id()
+        self._my_seq = 0
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = False
+        #: Guaranteed messages spooled here from the peer's queues.
+        self.pulled = 0
+
+    # --- what this side asks of the peer ------------------------------------------------
+
+    @property
+    def wants(self) -> tuple[str, ...]:
+        """The filters this side asks the peer for."""
+        return tuple(self._wants)
+
+    def want(self, topic_filter: str) -> None:
+        """Ask the peer for the messages matching ``topic_filter``, now and after every
+        reconnect. A refusal is logged and kept in :attr:`refusals`."""
+        parse_subscription(topic_filter)
+        if topic_filter in self._wants:
+            return
+        self._wants[topic_filter] = None
+        if self._connection is not None:
+            self._start(self._ask, K.SUBSCRIBE, {"subscription": topic_filter}, topic_filter)
+
+    def unwant(self, topic_filter: str) -> None:
+        """Stop asking for ``topic_filter``."""
+        if self._wants.pop(topic_filter, 0) is None and self._connection is not None:
+            self.refusals.pop(topic_filter, None)
+            self._start(self._ask, K.UNSUBSCRIBE, {"subscription": topic_filter}, topic_filter)
+
+    def pull(self, queue: str, *, window: int = 255) -> None:
+        """Bind a flow to the peer's ``queue`` (now and after every reconnect) and spool
+        what it delivers here, acknowledging each message once it is held."""
+        if not 1 <= window <= 65_535:
+            raise ValueError(f"window must be 1..65535, got {window!r}")
+        if queue in self._pulls:
+            return
+        self._pulls[queue] = window
+        if self._connection is not None:
+            self._start(self._bind, queue, window)
+
+    async def request(self, what: str) -> dict[str, Any]:
+        """Send the peer a REQUEST (``"sync"``: answered once it read everything before;
+        ``"stats"``) and return its answer.
+
+        :raises StateError: the link is not connected.
+        """
+        answer = self._request(K.REQUEST, {"what": what})
+        await answer.done.wait()
+        if answer.error is not None:
+            raise answer.error
+        return answer.result
+
+    async def send_guaranteed(self, message: Message) -> None:
+        """SEND ``message`` (its delivery mode and options kept) to the peer, and return
+        once the peer holds it.
+
+        :raises MeshbusError: the peer refused it (send it again later), or the link
+            went down before it answered.
+        """
+        header = _send_header(message, self.vpn.node.clock.time())
+        answer = self._request(K.SEND, header, message.payload)
+        await answer.done.wait()
+        if answer.error is not None:
+            raise answer.error
+
+    def advertise(
+        self,
+        add: Iterable[str] = (),
+        remove: Iterable[str] = (),
+        *,
+        snapshot: bool = False,
+        data: dict[str, Any] | None = None,
+    ) -> bool:
+        """Send an ADVERTISE; a ``snapshot`` starts a new epoch. Return ``False`` when the
+        link is down (the next connection starts with a snapshot: send one then)."""
+        if self._connection is None:
+            return False
+        if snapshot:
+            self._my_epoch = self.vpn.node.next_origin_id()
+            self._my_seq = 0
+        else:
+            self._my_seq += 1
+        event = ev.Advertise(
+            self._my_epoch,
+            self._my_seq,
+            snapshot,
+            tuple(add),
+            tuple(remove),
+            False,
+            None,
+            data or {},
+        )
+        self._control_frame(K.ADVERTISE, event.encode())
+        return True
+
+    # --- messages to the peer -----------------------------------------------------------
+
+    def send(self, envelope: Envelope) -> bool:
+        if self._connection is None or self._pending_bytes > self.max_pending_bytes:
+            return False
+        message = envelope.message
+        self._pending.append(message)
+        self._hops.append(envelope.hop_count)
+        self._pending_bytes += message.size
+        self._wake.set()
+        return True
+
+    def _control_frame(self, kind: FrameKind, header: dict[str, Any], payload: bytes = b"") -> None:
+        connection = self._connection
+        if connection is None:
+            raise StateError(f"link {self.name!r} is not connected")
+        connection.protocol.send(kind, header, payload)
+        self._wake.set()
+
+    def _request(self, kind: FrameKind, header: dict[str, Any], payload: bytes = b"") -> _Answer:
+        self._next_request += 1
+        number = self._next_request
+        self._control_frame(kind, {**header, "id": number}, payload)
+        answer = self._requests[number] = _Answer()
+        return answer
+
+    def _start(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._tg is not None:
+            self._tg.start_soon(fn, *args)
+
+    # --- running ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Dial the peer and keep the link up (reconnecting with backoff on the node's
+        clock) until :meth:`stop`. For links made with ``settings``."""
+        settings = self.settings
+        if settings is None:
+            raise StateError(f"link {self.name!r} was accepted: its peer dials it")
+        node = self.vpn.node
+        dialer = Dialer(settings, clock=node.clock)
+        hello = settings.hello(None)
+        hello["link"] = ev.LinkLogin(self.kind, self.name, node.node_id, node.cluster).encode()
+        self._scope = anyio.CancelScope()
+        try:
+            with self._scope:
+                while not self._stopped:
+                    self.set_state(LinkState.CONNECTING)
+                    try:
+                        connection, welcome = await dialer.login(hello)
+                    except (TransportError, AccessDeniedError, ProtocolError) as exc:
+                        self.connect_failures += 1
+                        log.warning(
+                            "link %r: connecting to %s failed: %s", self.name, dialer.target, exc
+                        )
+                        self.set_state(LinkState.BACKOFF, str(exc))
+                        await dialer.wait()
+                        continue
+                    dialer.backoff.reset()
+                    reason = await self.serve(
+                        connection,
+                        welcome.node_id,
+                        welcome.cluster,
+                        keepalive=welcome.keepalive,
+                        keepalive_timeout=welcome.keepalive_timeout,
+                    )
+                    if self._stopped:
+                        break
+                    log.warning("link %r to %s lost: %s", self.name, dialer.target, reason)
+                    await dialer.wait()
+        finally:
+            self._stopped = True
+            self.vpn.links.detach(self)
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Close the link for good; it leaves its VPN (state ``disabled``)."""
+        self._stopped = True
+        self.reason = reason
+        if self._scope is not None:
+            self._scope.cancel()
+        elif self.attached:
+            self.vpn.links.detach(self)
+
+    async def serve(
+        self,
+        connection: Connection,
+        peer_node: str | None,
+        peer_cluster: str | None,
+        *,
+        keepalive: float,
+        keepalive_timeout: float,
+    ) -> str:
+        """Carry the link over ``connection`` (logged in, in link mode) until it ends;
+        return why it ended. Whoever made the connection closes it."""
+        self._connection = connection
+        self._answers = answers = Answers(connection)
+        self._served = ServedFlows(connection, answers)
+        self.opened(peer_node, peer_cluster)
+        reason = "closed"
+        try:
+            with unwrap_errors():
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    tg.start_soon(self._writer, connection)
+                    tg.start_soon(
+                        connection.keep_alive, keepalive, keepalive_timeout, self._wake.set
+                    )
+                    tg.start_soon(self._sender)
+                    tg.start_soon(self._sync)
+                    await self._read(connection)
+                    tg.cancel_scope.cancel()
+            reason = connection.protocol.close_reason or "the connection ended"
+        except (TransportError, ProtocolError) as exc:
+            reason = str(exc)
+        finally:
+            with anyio.CancelScope(shield=True):
+                self._disconnected(reason)
+                await connection.send_close(f"link closed: {reason}")
+        return reason
+
+    def _disconnected(self, reason: str) -> None:
+        self._connection = None
+        self._tg = None
+        if self._served is not None:
+            self._served.close()  # what the peer did not ack goes back to its queues
+        self._served = self._answers = None
+        lost = StateError(f"link {self.name!r} went down: {reason}")
+        for answer in self._requests.values():
+            answer.error = lost
+            answer.done.set()
+        self._requests.clear()
+        self._pulled.clear()  # the peer gives back what it sent and we did not ack
+        self._sends.clear()
+        self.forward_failures += len(self._pending)
+        self._pending, self._hops, self._pending_bytes = [], [], 0
+        self._advertised = None
+        if self.attached:
+            state = LinkState.DISABLED if self._stopped else LinkState.BACKOFF
+            self.closed(reason, state)
+
+    # --- the connection's tasks ---------------------------------------------------------
+
+    async def _writer(self, connection: Connection) -> None:
+        protocol = connection.protocol
+        now = self.vpn.node.clock.time
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            if self._pending:
+                messages, hops = self._pending, self._hops
+                self._pending, self._hops, self._pending_bytes = [], [], 0
+                self._encode(protocol.peer_max_frame_size, messages, hops, now())
+            await connection.flush()
+
+    def _encode(self, limit: int, messages: list[Message], hops: list[int], now: float) -> None:
+        protocol = self._connection.protocol  # type: ignore[union-attr]
+        try:
+            protocol.send_raw(encode_deliver_batch(messages, limit, hops=hops, now=now))
+        except FrameTooLarge:  # some message on its own is too large for the peer
+            for message, hop in zip(messages, hops, strict=True):
+                try:
+                    protocol.send_raw(encode_deliver_batch([message], limit, hops=[hop], now=now))
+                except FrameTooLarge:
+                    self.forwarded -= 1
+                    self.count_drop("too_large")
+
+    async def _read(self, connection: Connection) -> None:
+        protocol = connection.protocol
+        receive = self.receive
+        now = self.vpn.node.clock.time
+        while protocol.state is ConnectionState.OPEN:
+            try:
+                frames = await connection.receive_frames()
+            except ProtocolError:
+                raise
+            except TransportError:
+                if protocol.state is ConnectionState.OPEN:
+                    raise
+                return
+            for kind, header, payload in frames:
+                if kind == _DELIVER_BATCH:
+                    for message in decode_deliver_batch(header, payload, now()):
+                        receive(message)
+                elif kind == _DELIVER:
+                    receive(decode_deliver(header, payload, now()))
+                elif kind == _FLOW_DELIVER:
+                    self._arrived(*decode_flow_deliver(header, payload, now()))
+                else:
+                    await self._control(header, payload)
+            if protocol.out:
+                self._wake.set()
+
+    async def _control(self, event: object, payload: bytes) -> None:
+        answers = self._answers
+        assert answers is not None
+        if isinstance(event, ev.Ok | ev.ErrorAnswer):
+            self._answered(event)
+            return
+        if isinstance(event, ev.Ack):
+            try:
+                self._served.ack(event)  # type: ignore[union-attr]
+            except StateError as exc:
+                answers.error(None, exc)
+            return
+        if isinstance(event, ev.Send):
+            self._sends.append((event, payload))
+            self._sends_waiting.set()
+            return
+        if isinstance(event, ev.Advertise):
+            self._advertise_received(event)
+            return
+        if isinstance(event, ev.FlowClosed):
+            self._flow_closed(event)
+            return
+        request = getattr(event, "id", None)
+        if request is None:
+            return  # PING (the protocol answers it), PONG, CLOSE
+        try:
+            if isinstance(event, ev.Subscribe):
+                parse_subscription(event.subscription)
+                self.add_interest(event.subscription)
+                answers.ok(request)
+            elif isinstance(event, ev.Unsubscribe):
+                self.remove_interest(event.subscription)
+                answers.ok(request)
+            elif isinstance(event, ev.Bind):
+                session = self._flow_session()
+                if event.endpoint is not None:
+                    assert event.subscription is not None
+                    flow = await session.bind_topic_endpoint(
+                        event.endpoint, event.subscription, window=event.window
+                    )
+                else:
+                    assert event.queue is not None
+                    flow = await session.bind(event.queue, window=event.window)
+                assert self._tg is not None
+                assert self._served is not None
+                self._served.bound(request, flow, self._tg)
+            elif isinstance(event, ev.Unbind):
+                await self._served.unbind(event)  # type: ignore[union-attr]
+            elif isinstance(event, ev.Request):
+                if event.what != "sync":
+                    raise StateError(f"unknown request {event.what!r}")
+                answers.ok(request)
+        except (MeshbusError, TypeError, ValueError) as exc:
+            answers.error(request, exc)
+
+    def _answered(self, event: ev.Ok | ev.ErrorAnswer) -> None:
+        answer = self._requests.pop(event.id, None) if type(event.id) is int else None
+        if answer is None:
+            if isinstance(event, ev.ErrorAnswer):
+                log.warning("link %r: the peer reports %s", self.name, event.header.get("message"))
+            return
+        if isinstance(event, ev.Ok):
+            answer.result = event.result
+        else:
+            answer.error = error_from(event.header)
+        answer.done.set()
+
+    def _flow_session(self) -> Session:
+        """The session that holds the flows the peer binds on this side."""
+        if self.session is None:
+            node = self.vpn.node
+            name = f"#link/{self.name}"
+            self.session = node.connect(self.vpn.name, client_name=name)
+        return self.session
+
+    # --- telling the peer what this side wants -------------------------------------------
+
+    async def _sync(self) -> None:
+        """Tell the peer everything this side wants, then the link is in sync."""
+        asks = [self._ask_answer(K.SUBSCRIBE, {"subscription": f}, f) for f in list(self._wants)]
+        for queue, window in list(self._pulls.items()):
+            asks.append(self._bind_answer(queue, window))
+        for ask in asks:
+            await ask()
+        if self._connection is not None:
+            self.set_state(LinkState.IN_SYNC)
+
+    async def _ask(self, kind: FrameKind, header: dict[str, Any], key: str) -> None:
+        await self._ask_answer(kind, header, key)()
+
+    def _ask_answer(self, kind: FrameKind, header: dict[str, Any], key: str) -> Callable[[], Any]:
+        answer = self._request(kind, header)
+
+        async def wait() -> None:
+            await answer.done.wait()
+            if answer.error is not None and self._connection is not None:
+                self.refusals[key] = str(answer.error)
+                log.warning("link %r: the peer refused %s: %s", self.name, key, answer.error)
+            elif answer.error is None:
+                self.refusals.pop(key, None)
+
+        return wait
+
+    async def _bind(self, queue: str, window: int) -> None:
+        await self._bind_answer(queue, window)()
+
+    def _bind_answer(self, queue: str, window: int) -> Callable[[], Any]:
+        answer = self._request(K.BIND, {"queue": queue, "window": window})
+
+        async def wait() -> None:
+            await answer.done.wait()
+            if answer.error is not None:
+                if self._connection is not None:
+                    self.refusals[queue] = str(answer.error)
+                    log.warning("link %r: binding %s refused: %s", self.name, queue, answer.error)
+                    self._start(self._bind_later, queue, window)
+                return
+            self.refusals.pop(queue, None)
+            number = answer.result.get("flow")
+            if type(number) is not int:
+                raise ProtocolError("a BIND answer must carry the flow's number")
+            pull = self._pulled[number] = _Pull(queue, window)
+            self._start(self._spool_pulled, number, pull)
+
+        return wait
+
+    async def _bind_later(self, queue: str, window: int) -> None:
+        clock = self.vpn.node.clock
+        await clock.sleep_until(clock.monotonic() + self.retry_interval)
+        if queue in self._pulls:
+            await self._bind(queue, window)
+
+    def _flow_closed(self, event: ev.FlowClosed) -> None:
+        pull = self._pulled.pop(event.flow, None) if type(event.flow) is int else None
+        if pull is not None and pull.queue in self._pulls:
+            log.warning(
+                "link %r: the peer closed its flow of %s: %s", self.name, pull.queue, event.reason
+            )
+            self._start(self._bind_later, pull.queue, pull.window)
+
+    # --- guaranteed messages from the peer ----------------------------------------------
+
+    def _arrived(self, flow: int, message: Message) -> None:
+        pull = self._pulled.get(flow)
+        if pull is None:
+            raise ProtocolError(f"FLOW_DELIVER on flow {flow}, which this side did not bind")
+        pull.messages.append(message)
+        pull.arrived.set()
+
+    async def _spool_pulled(self, number: int, pull: _Pull) -> None:
+        """Spool the flow's messages here in order, each acknowledged once held; one an
+        endpoint refuses is tried again every ``retry_interval``, holding up this flow."""
+        clock = self.vpn.node.clock
+        while self._pulled.get(number) is pull:
+            if not pull.messages:
+                pull.arrived = anyio.Event()
+                await pull.arrived.wait()
+                continue
+            message = pull.messages[0]
+            try:
+                await self.receive_guaranteed(message)
+            except MeshbusError as exc:
+                log.debug("link %r: %s refused, tried again later: %s", self.name, message, exc)
+                await clock.sleep_until(clock.monotonic() + self.retry_interval)
+                continue
+            pull.messages.popleft()
+            self.pulled += 1
+            if self._pulled.get(number) is pull:
+                self._control_frame(K.ACK, {"flow": number, "ids": [message.message_id]})
+
+    async def _sender(self) -> None:
+        """The peer's SENDs, in order: OK once spooled here, ERROR when refused."""
+        sends = self._sends
+        while True:
+            await self._sends_waiting.wait()
+            self._sends_waiting = anyio.Event()
+            while sends:
+                send, payload = sends.popleft()
+                answers = self._answers
+                try:
+                    message = _sent_message(send, payload, self.vpn.node.clock.time())
+                    await self.receive_guaranteed(message)
+                except ProtocolError:
+                    raise
+                except (MeshbusError, TypeError, ValueError) as exc:
+                    if answers is not None:
+                        answers.error(send.id, exc)
+                else:
+                    if answers is not None:
+                        answers.ok(send.id)
+                self._wake.set()
+
+    # --- advertisements ------------------------------------------------------------------
+
+    def _advertise_received(self, event: ev.Advertise) -> None:
+        if event.resync:
+            self._hand_over(event)
+            return
+        last = self._advertised
+        if event.snapshot:
+            self._advertised = (event.epoch, event.seq)
+        elif last is None or last[0] != event.epoch or event.seq != last[1] + 1:
+            self._advertised = None  # a gap: ignore until the snapshot asked for arrives
+            self.count_drop("advertise_gap")
+            self._control_frame(
+                K.ADVERTISE, ev.Advertise(0, 0, False, (), (), True, None, {}).encode()
+            )
+            return
+        else:
+            self._advertised = (event.epoch, event.seq)
+        self._hand_over(event)
+
+    def _hand_over(self, event: ev.Advertise) -> None:
+        handler = self.on_advertise
+        if handler is not None:
+            handler(self, event)
+
+
+def _send_header(message: Message, now: float) -> dict[str, Any]:
+    """A SEND header that keeps everything of ``message`` (link mode)."""
+    wire = options_to_wire(message.options, now)
+    header: dict[str, Any] = {key: value for key, value in wire.items() if key in _SEND_KEYS}
+    header["topic"] = message.topic
+    header["persistent"] = message.delivery_mode is DeliveryMode.PERSISTENT
+    if message.sender is not None:
+        header["s"] = message.sender
+    if message.timestamp is not None:
+        header["t"] = message.timestamp
+    return header
+
+
+_SEND_KEYS = frozenset({"h", "e", "r", "c", "o", "hc", "x"})
+
+
+def _sent_message(send: ev.Send, payload: bytes, now: float) -> Message:
+    """The message a peer's SEND carries, as it was on the peer's node."""
+    if send.topic is None:
+        raise ProtocolError("a SEND over a link names a topic")
+    wire = dict(send.options)
+    sender = wire.pop("s", None)
+    timestamp = wire.pop("t", None)
+    if sender is not None and type(sender) is not str:
+        raise ProtocolError("a SEND's sender must be a string")
+    if timestamp is not None and type(timestamp) not in (int, float):
+        raise ProtocolError("a SEND's timestamp must be a number")
+    wire["m"] = _MODES[send.persistent]
+    if send.headers:
+        wire["h"] = send.headers
+    options = options_from_wire(wire, None, now)
+    return make_message(send.topic, payload, sender, timestamp, options)
+
+
+def open_link(
+    vpn: Vpn,
+    name: str,
+    settings: ConnectSettings,
+    *,
+    kind: str = "bridge",
+    wants: Iterable[str] = (),
+    pulls: Iterable[str] = (),
+    **options: Any,
+) -> WireLink:
+    """Make a :class:`WireLink` from ``vpn`` to the VPN ``settings`` log in to, join it to
+    ``vpn`` and start dialling in the node's task group (the node must be running).
+
+    :param wants: filters to ask the peer for (:meth:`WireLink.want`).
+    :param pulls: the peer's queues to pull guaranteed messages from (:meth:`WireLink.pull`).
+    :param options: the other arguments of :class:`WireLink`.
+    """
+    link = WireLink(vpn, name, kind=kind, settings=settings, **options)
+    for topic_filter in wants:
+        link.want(topic_filter)
+    for queue in pulls:
+        link.pull(queue)
+    vpn.links.attach(link)
+    vpn.node.task_group.start_soon(link.run, name=f"meshbus link {name}")
+    return link
