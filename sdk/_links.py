@@ -554,6 +554,7 @@ class LinkRouter:
         node = self.vpn.node
         node_id = node.node_id
         next_id = node.next_origin_id
+        remember = self.origins.check
 
         def route(envelope: Envelope) -> int:
             """Send the message once over each link that wants it, except where it came from."""
@@ -572,8 +573,14 @@ class LinkRouter:
                 if endpoints and link.endpoint in endpoints:
                     continue  # its queue holds the guaranteed message: that copy goes
                 if out is None:
-                    if message.options.origin is None:
-                        message = with_origin(message, (node_id, next_id()))
+                    origin = message.options.origin
+                    if origin is None:
+                        origin = (node_id, next_id())
+                        message = with_origin(message, origin)
+                    if not isinstance(source, Link):
+                        # It leaves this VPN for the first time: should a loop of links
+                        # bring it back, it is a duplicate here like anywhere else.
+                        remember(origin)
                     out = Envelope(message, source, endpoints, envelope.mode)
                 else:
                     out.message = message  # a stage may have replaced it for the last link

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import attrs
 import pytest
 
-from meshbus import Node
+from meshbus import (
+    AclProfile,
+    DeliveryMode,
+    LinkState,
+    Message,
+    Node,
+    PublishRejectedError,
+)
+from meshbus.transports import Backoff
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
@@ -79,3 +88,135 @@ async def test_a_guaranteed_message_is_spooled_on_b_before_a_lets_it_go(mesh: Me
     assert second.origin is not None
     assert second.origin[0] == "a"
     assert link.pulled == 1
+
+
+async def test_a_half_open_link_is_found_by_keepalive_and_comes_back(mesh: Mesh) -> None:
+    a = await mesh.start("a")
+    b = await mesh.start("b")
+    link = mesh.link(b, "a", wants=["t/>"])
+    await mesh.in_sync(link)
+    subscriber = b.connect(client_name="sub")
+    subscriber.subscribe("t/>")
+
+    mesh.network.half_open("b", "a")  # both directions lose everything, silently
+    lost_after = await mesh.clock.wait_for(lambda: link.state is LinkState.BACKOFF, within=60)
+    assert 3.0 <= lost_after <= 4.0  # the keepalive timeout (3 s), give or take a check
+    assert link.statistics().disconnects == 1
+    # The node's side found it too: its link left the VPN with the interest.
+    await mesh.clock.wait_for(lambda: not len(a.vpn().links), within=60)
+    assert not a.vpn().links.index.match("t/1")
+
+    mesh.network.heal("b", "a")
+    await mesh.in_sync(link, within=60)
+    assert link.statistics().connects == 2
+    a.connect().publish("t/1", b"after the reconnect")
+    await mesh.clock.settle()
+    message = subscriber.receive_nowait()
+    assert message is not None
+    assert message.payload == b"after the reconnect"  # the interest came back
+
+
+async def test_reconnects_back_off_on_the_clock(mesh: Mesh) -> None:
+    await mesh.start("a")
+    b = await mesh.start("b")
+    mesh.network.partition("b", "a")  # nothing gets through: every attempt fails
+    link = mesh.link(b, "a", backoff=Backoff(1.0, 120.0, jitter=0.0))
+    await mesh.clock.run(600)
+    # 1 + 2 + 4 + ... + 64 = 127 s, then every 120 s: 7 + 4 waits in 10 minutes.
+    assert 10 <= link.statistics().connect_failures <= 13
+    assert link.state is LinkState.BACKOFF
+    assert "memory://a" in link.reason or link.reason
+    mesh.network.heal("b", "a")
+    await mesh.in_sync(link, within=121)
+
+
+async def test_a_link_is_refused_without_bridge_permission(mesh: Mesh) -> None:
+    a = await mesh.start("a", allow_links=False)
+    b = await mesh.start("b")
+    link = mesh.link(b, "a")
+    await mesh.clock.wait_for(lambda: link.connect_failures >= 1, within=30)
+    assert link.state is LinkState.BACKOFF
+    assert "login refused" in link.reason or "bridge" in link.reason
+    assert not len(a.vpn().links)
+
+
+async def test_three_nodes_in_a_triangle_deliver_each_publish_once(mesh: Mesh) -> None:
+    nodes = [await mesh.start(name) for name in ("a", "b", "c")]
+    links = [
+        mesh.link(source, target.name, wants=[">"])
+        for source in nodes
+        for target in nodes
+        if source is not target
+    ]
+    await mesh.in_sync(*links)
+    subscribers = []
+    for node in nodes:
+        session = node.connect(client_name=f"sub-{node.name}")
+        session.subscribe("news/>")
+        subscribers.append(session)
+
+    nodes[0].connect(client_name="pub").publish("news/1", b"once")
+    await mesh.clock.settle()
+    for session in subscribers:
+        got = [m.payload for m in iter(session.receive_nowait, None)]
+        assert got == [b"once"], session.client_name
+    duplicates = sum(
+        link.dropped.get("duplicate", 0) for node in nodes for link in node.vpn().links
+    )
+    assert duplicates >= 1  # the loops were cut by the origin filter, not by luck
+
+
+async def test_a_link_the_peer_may_not_subscribe_to_is_told_why(mesh: Mesh) -> None:
+    a = await mesh.start("a")
+    b = await mesh.start("b")
+    vpn = a.vpn()
+    vpn.add_acl_profile(AclProfile("no-secrets", subscribe_exceptions=("secret/>",)))
+    allow = attrs.evolve(vpn.client_profiles["default"], name="bridges")
+    vpn.add_client_profile(allow)
+    vpn.add_user("peer", client_profile="bridges", acl_profile="no-secrets")
+    link = mesh.link(b, "a", wants=["secret/>", "public/>"], username="peer")
+    await mesh.in_sync(link)
+    assert set(link.refusals) == {"secret/>"}
+    (accepted,) = vpn.links
+    assert accepted.interest == ("public/>",)
+
+
+async def test_a_guaranteed_send_over_a_link_is_answered_once_spooled(mesh: Mesh) -> None:
+    await mesh.start("a")
+    b = await mesh.start("b")
+    a = mesh.nodes["a"]
+    a.guaranteed.create_queue("in", subscriptions=["in/>"], max_message_size=1000)
+    link = mesh.link(b, "a")
+    await mesh.in_sync(link)
+    message = Message(
+        "in/1",
+        b"pushed",
+        DeliveryMode.PERSISTENT,
+        {"k": 1},
+        correlation_id="c",
+        sender="someone",
+        timestamp=12.5,
+        origin=("b", 7),
+    )
+    await link.send_guaranteed(message)
+    assert queue_depth(a, "in") == 1
+    flow = await a.connect().bind("in")
+    got = await flow.receive()
+    assert (got.payload, got.sender, got.timestamp) == (b"pushed", "someone", 12.5)
+    assert (got.headers, got.correlation_id, got.origin) == ({"k": 1}, "c", ("b", 7))
+    too_large = Message("in/2", b"x" * 1001, DeliveryMode.PERSISTENT, origin=("b", 8))
+    with pytest.raises(PublishRejectedError):
+        await link.send_guaranteed(too_large)
+    assert queue_depth(a, "in") == 1
+
+
+async def test_a_stopped_link_leaves_its_vpn(mesh: Mesh) -> None:
+    a = await mesh.start("a")
+    b = await mesh.start("b")
+    link = mesh.link(b, "a", wants=["t"])
+    await mesh.in_sync(link)
+    link.stop("no longer needed")
+    await mesh.clock.settle()
+    assert link.state is LinkState.DISABLED
+    assert not len(b.vpn().links)
+    await mesh.clock.wait_for(lambda: not len(a.vpn().links), within=10)
