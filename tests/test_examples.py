@@ -28,6 +28,12 @@ EXPECTED: dict[str, list[str]] = {
         "dashboard  <- building/lobby/door/state: open",
         "published=5 delivered=4 unmatched=1",
     ],
+    "pair_link.py": [
+        "b got news/today: hello from a (sent by writer on a)",
+        "b spooled orders/1: one order (sent by shop)",
+        "a's queue holds 0 messages",
+        "link pair-b: forwarded=1 interest=1",
+    ],
     "custom_plugin.py": [
         "routers of VPN 'default': ('audit', 'direct', 'links')",
         "audit: shop logged in to default as default",

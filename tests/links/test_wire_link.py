@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import attrs
 import pytest
 
@@ -19,12 +17,6 @@ from meshbus.transports import Backoff
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def mesh(anyio_backend: object) -> AsyncIterator[Mesh]:
-    async with Mesh() as running:
-        yield running
 
 
 async def test_a_subscription_on_b_attracts_a_publish_on_a(mesh: Mesh) -> None:
