@@ -118,6 +118,8 @@ class WireLink(Link):
         endpoint refused.
     :param max_pending_bytes: bytes of messages queued for the peer before
         :meth:`send` refuses more (counted as forward failures).
+    :param stable_period: seconds a connection must stay up before the delay
+        between reconnects starts again from its shortest (SPEC 7).
     """
 
     def __init__(
@@ -133,11 +135,13 @@ class WireLink(Link):
         endpoint: str | None = None,
         retry_interval: float = 1.0,
         max_pending_bytes: int = 16 * 1024 * 1024,
+        stable_period: float = 30.0,
     ) -> None:
         super().__init__(vpn, name, kind, dedup=dedup, endpoint=endpoint, acl=acl)
         self.settings = settings
         self.session = session
         self.retry_interval = retry_interval
+        self.stable_period = stable_period
         self.max_pending_bytes = max_pending_bytes
         #: Called with the peer's ADVERTISE frames (gaps already dealt with).
         self.on_advertise: AdvertiseHandler | None = None
@@ -159,6 +163,7 @@ class WireLink(Link):
         self._sends: deque[tuple[ev.Send, bytes]] = deque()
         self._sends_waiting = anyio.Event()
         self._advertised: tuple[int, int] | None = None  # the peer's epoch and last seq
+        self._resync_asked = False
         self._my_epoch = vpn.node.next_origin_id()
         self._my_seq = 0
         self._scope: anyio.CancelScope | None = None
@@ -267,6 +272,10 @@ class WireLink(Link):
         self._wake.set()
         return True
 
+    def _wake_writer(self) -> None:
+        # Not a bound ``self._wake.set``: the writer makes a new event each round.
+        self._wake.set()
+
     def _control_frame(self, kind: FrameKind, header: dict[str, Any], payload: bytes = b"") -> None:
         connection = self._connection
         if connection is None:
@@ -312,7 +321,7 @@ class WireLink(Link):
                         self.set_state(LinkState.BACKOFF, str(exc))
                         await dialer.wait()
                         continue
-                    dialer.backoff.reset()
+                    up_since = node.clock.monotonic()
                     reason = await self.serve(
                         connection,
                         welcome.node_id,
@@ -322,6 +331,8 @@ class WireLink(Link):
                     )
                     if self._stopped:
                         break
+                    if node.clock.monotonic() - up_since >= self.stable_period:
+                        dialer.backoff.reset()  # a flapping connection keeps backing off
                     log.warning("link %r to %s lost: %s", self.name, dialer.target, reason)
                     await dialer.wait()
         finally:
@@ -351,6 +362,7 @@ class WireLink(Link):
         self._connection = connection
         self._answers = answers = Answers(connection)
         self._served = ServedFlows(connection, answers)
+        self._wake.set()  # what the login queued (an accepting side's WELCOME) goes first
         self.opened(peer_node, peer_cluster)
         reason = "closed"
         try:
@@ -359,7 +371,7 @@ class WireLink(Link):
                     self._tg = tg
                     tg.start_soon(self._writer, connection)
                     tg.start_soon(
-                        connection.keep_alive, keepalive, keepalive_timeout, self._wake.set
+                        connection.keep_alive, keepalive, keepalive_timeout, self._wake_writer
                     )
                     tg.start_soon(self._sender)
                     tg.start_soon(self._sync)
@@ -390,6 +402,7 @@ class WireLink(Link):
         self.forward_failures += len(self._pending)
         self._pending, self._hops, self._pending_bytes = [], [], 0
         self._advertised = None
+        self._resync_asked = False
         if self.attached:
             state = LinkState.DISABLED if self._stopped else LinkState.BACKOFF
             self.closed(reason, state)
@@ -647,12 +660,16 @@ class WireLink(Link):
         last = self._advertised
         if event.snapshot:
             self._advertised = (event.epoch, event.seq)
+            self._resync_asked = False
         elif last is None or last[0] != event.epoch or event.seq != last[1] + 1:
-            self._advertised = None  # a gap: ignore until the snapshot asked for arrives
+            # A gap: ignore what follows until the snapshot asked for (once) arrives.
             self.count_drop("advertise_gap")
-            self._control_frame(
-                K.ADVERTISE, ev.Advertise(0, 0, False, (), (), True, None, {}).encode()
-            )
+            if last is not None or not self._resync_asked:
+                self._resync_asked = True
+                self._control_frame(
+                    K.ADVERTISE, ev.Advertise(0, 0, False, (), (), True, None, {}).encode()
+                )
+            self._advertised = None
             return
         else:
             self._advertised = (event.epoch, event.seq)

@@ -52,9 +52,13 @@ class Mesh:
     """
 
     def __init__(self, clock: ManualClock | None = None) -> None:
+        #: The clock of every node, connection and link of the mesh.
         self.clock = clock if clock is not None else ManualClock()
+        #: The in-memory network between the nodes (cut, partition, half-open, delay).
         self.network = MemoryNetwork(self.clock)
+        #: The running nodes by name.
         self.nodes: dict[str, Node] = {}
+        #: Each node's listener on :attr:`network`, by node name.
         self.servers: dict[str, Server] = {}
         self._stack = AsyncExitStack()
 

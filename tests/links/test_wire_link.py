@@ -212,3 +212,86 @@ async def test_a_stopped_link_leaves_its_vpn(mesh: Mesh) -> None:
     assert link.state is LinkState.DISABLED
     assert not len(b.vpn().links)
     await mesh.clock.wait_for(lambda: not len(a.vpn().links), within=10)
+
+
+async def test_advertisements_reach_the_handler_in_order_and_a_gap_asks_for_a_resync(
+    mesh: Mesh,
+) -> None:
+    a = await mesh.start("a")
+    b = await mesh.start("b")
+    link = mesh.link(b, "a")
+    await mesh.in_sync(link)
+    (accepted,) = a.vpn().links
+    seen: list[tuple[bool, tuple[str, ...], bool]] = []
+    accepted.on_advertise = lambda _, event: seen.append((event.snapshot, event.add, event.resync))
+    asked: list[bool] = []
+    link.on_advertise = lambda _, event: asked.append(event.resync)
+
+    assert link.advertise(["x/>"], snapshot=True)
+    assert link.advertise(["y/>"])
+    await mesh.clock.settle()
+    assert seen == [(True, ("x/>",), False), (False, ("y/>",), False)]
+
+    link._my_seq += 1  # one advertisement lost on the way
+    link.advertise(["z/>"])
+    link.advertise(["w/>"])
+    await mesh.clock.settle()
+    assert len(seen) == 2  # neither is applied over the gap
+    assert asked == [True]  # one resync request, not one per frame
+    assert accepted.dropped["advertise_gap"] == 2
+    link.advertise(["x/>", "y/>", "z/>", "w/>"], snapshot=True)
+    await mesh.clock.settle()
+    assert seen[-1] == (True, ("x/>", "y/>", "z/>", "w/>"), False)
+
+
+async def test_a_flapping_link_keeps_backing_off_and_a_stable_one_starts_over(
+    mesh: Mesh,
+) -> None:
+    await mesh.start("a")
+    b = await mesh.start("b")
+    link = mesh.link(b, "a", backoff=Backoff(1.0, 120.0, jitter=0.0))
+    await mesh.in_sync(link)
+    waits = []
+    for _ in range(3):  # up for a moment, then cut: the waits grow 1, 2, 4 s
+        mesh.network.cut("b", "a")
+        await mesh.clock.wait_for(lambda: link.state is LinkState.BACKOFF, within=5)
+        waits.append(await mesh.clock.wait_for(lambda: link.state is LinkState.IN_SYNC, within=60))
+    assert waits == [1.0, 2.0, 4.0]
+    await mesh.clock.run(link.stable_period)
+    mesh.network.cut("b", "a")
+    await mesh.clock.wait_for(lambda: link.state is LinkState.BACKOFF, within=5)
+    assert await mesh.clock.wait_for(lambda: link.state is LinkState.IN_SYNC, within=60) == 1.0
+
+
+async def test_a_new_login_replaces_a_half_open_link_of_the_same_peer(mesh: Mesh) -> None:
+    a = await mesh.start("a")
+    b = await mesh.start("b")
+    link = mesh.link(b, "a", wants=["t"])
+    await mesh.in_sync(link)
+    (old,) = a.vpn().links
+    # b comes back (same node id, same link name) while a still trusts the old connection.
+    again = await mesh.start("b-again", node_id="b")
+    new = mesh.link(again, "a", name=link.name, wants=["u"])
+    await mesh.in_sync(new)
+    (current,) = a.vpn().links
+    assert current is not old
+    assert old.state is LinkState.DISABLED
+    assert "replaced" in old.reason
+    assert current.interest == ("u",)
+
+
+async def test_an_idle_link_stays_up_on_its_pings_before_and_after_a_reconnect(
+    mesh: Mesh,
+) -> None:
+    await mesh.start("a")
+    b = await mesh.start("b")
+    link = mesh.link(b, "a")
+    await mesh.in_sync(link)
+    await mesh.clock.run(600)
+    assert link.statistics().disconnects == 0
+    mesh.network.cut("b", "a")
+    await mesh.clock.wait_for(lambda: link.state is LinkState.BACKOFF, within=5)
+    await mesh.in_sync(link)
+    await mesh.clock.run(600)
+    assert link.statistics().disconnects == 1
+    assert link.state is LinkState.IN_SYNC
