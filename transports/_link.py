@@ -167,6 +167,7 @@ class WireLink(Link):
         self._my_epoch = vpn.node.next_origin_id()
         self._my_seq = 0
         self._scope: anyio.CancelScope | None = None
+        self._serving: anyio.CancelScope | None = None
         self._stopped = False
         #: Guaranteed messages spooled here from the peer's queues.
         self.pulled = 0
@@ -340,12 +341,16 @@ class WireLink(Link):
             self.vpn.links.detach(self)
 
     def stop(self, reason: str = "stopped") -> None:
-        """Close the link for good; it leaves its VPN (state ``disabled``)."""
+        """Close the link for good: its connection closes and it leaves its VPN (state
+        ``disabled``)."""
         self._stopped = True
         self.reason = reason
-        if self._scope is not None:
-            self._scope.cancel()
-        elif self.attached:
+        for scope in (self._scope, self._serving):
+            if scope is not None:
+                scope.cancel()
+        if self.attached:  # now, not when the tasks end: a replacement may take its name
+            if self._connection is not None:
+                self.closed(reason, LinkState.DISABLED)
             self.vpn.links.detach(self)
 
     async def serve(
@@ -365,8 +370,9 @@ class WireLink(Link):
         self._wake.set()  # what the login queued (an accepting side's WELCOME) goes first
         self.opened(peer_node, peer_cluster)
         reason = "closed"
+        self._serving = serving = anyio.CancelScope()
         try:
-            with unwrap_errors():
+            with serving, unwrap_errors():
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     tg.start_soon(self._writer, connection)
@@ -378,9 +384,12 @@ class WireLink(Link):
                     await self._read(connection)
                     tg.cancel_scope.cancel()
             reason = connection.protocol.close_reason or "the connection ended"
+            if serving.cancelled_caught:
+                reason = self.reason or "stopped"
         except (TransportError, ProtocolError) as exc:
             reason = str(exc)
         finally:
+            self._serving = None
             with anyio.CancelScope(shield=True):
                 self._disconnected(reason)
                 await connection.send_close(f"link closed: {reason}")

@@ -309,43 +309,48 @@ class Server:
         assert hello.link is not None
         login = hello.link
         vpn = session.vpn
-        try:
-            user = vpn.users.get(session.username) or vpn.users["default"]
-            vpn.accept_link(user, login.kind, login.node)
-        except AccessDeniedError as exc:
-            session.close()
-            self._refuse(connection, exc, session.username, vpn.name)
-            await connection.flush_quietly()
-            return
         name = f"{login.node}/{login.name}"
-        old = vpn.links.get(name)
-        if old is not None:  # the peer came back while its old connection looks alive
-            old.stop(f"replaced by a new connection from {connection.peer}")
-        link = WireLink(vpn, name, kind=login.kind, session=session, acl=session._acl)
-        vpn.links.attach(link)
-        compression = self._compression(hello)
-        welcome = self._welcome(session, {"link": login.kind})
-        connection.protocol.accept(welcome, compression=compression)
-        slot.release()
-        self.logins += 1
-        log.info(
-            "link from %s: %r of node %s as %r in VPN %r",
-            connection.peer,
-            login.name,
-            login.node,
-            session.username,
-            vpn.name,
-        )
         try:
-            await link.serve(
-                connection,
+            try:
+                user = vpn.users.get(session.username) or vpn.users["default"]
+                vpn.accept_link(user, login.kind, login.node)
+                old = vpn.links.get(name)
+                if old is not None:
+                    if not (isinstance(old, WireLink) and old.settings is None):
+                        raise AccessDeniedError(
+                            session.username, "connect", why=f"VPN has a link named {name!r}"
+                        )
+                    # The peer came back while its old connection still looks alive.
+                    old.stop(f"replaced by a new connection from {connection.peer}")
+            except AccessDeniedError as exc:
+                self._refuse(connection, exc, session.username, vpn.name)
+                await connection.flush_quietly()
+                return
+            link = WireLink(vpn, name, kind=login.kind, session=session, acl=session._acl)
+            vpn.links.attach(link)
+            welcome = self._welcome(session, {"link": login.kind})
+            connection.protocol.accept(welcome, compression=self._compression(hello))
+            slot.release()
+            self.logins += 1
+            log.info(
+                "link from %s: %r of node %s as %r in VPN %r",
+                connection.peer,
+                login.name,
                 login.node,
-                login.cluster,
-                keepalive=self.settings.keepalive,
-                keepalive_timeout=self.settings.keepalive_timeout,
+                session.username,
+                vpn.name,
             )
+            try:
+                await link.serve(
+                    connection,
+                    login.node,
+                    login.cluster,
+                    keepalive=self.settings.keepalive,
+                    keepalive_timeout=self.settings.keepalive_timeout,
+                )
+            finally:
+                link.stop(link.reason or "its connection ended")
         finally:
-            link.stop(link.reason or "its connection ended")
             session.close()
 
     async def _authenticate(

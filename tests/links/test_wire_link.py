@@ -6,13 +6,16 @@ import attrs
 import pytest
 
 from meshbus import (
+    DEFAULT_PLUGINS,
     AclProfile,
     DeliveryMode,
+    Link,
     LinkState,
     Message,
     Node,
     PublishRejectedError,
 )
+from meshbus.hookspecs import hookimpl
 from meshbus.transports import Backoff
 from meshbus.transports.testing import Mesh
 
@@ -295,3 +298,35 @@ async def test_an_idle_link_stays_up_on_its_pings_before_and_after_a_reconnect(
     await mesh.clock.run(600)
     assert link.statistics().disconnects == 1
     assert link.state is LinkState.IN_SYNC
+
+
+class LinkEvents:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    @hookimpl
+    def meshbus_link_opened(self, link: Link) -> None:
+        self.events.append(("opened", link.vpn.node.name, link.name))
+
+    @hookimpl
+    def meshbus_link_closed(self, link: Link, reason: str) -> None:
+        self.events.append(("closed", link.vpn.node.name, link.name))
+
+
+async def test_plugins_hear_of_links_opening_and_closing_on_both_sides(mesh: Mesh) -> None:
+    watcher = LinkEvents()
+    await mesh.start("a", plugins=[*DEFAULT_PLUGINS, watcher])
+    b = await mesh.start("b", plugins=[*DEFAULT_PLUGINS, watcher])
+    link = mesh.link(b, "a")
+    await mesh.in_sync(link)
+    assert sorted(watcher.events) == [
+        ("opened", "a", "b/default-to-a"),
+        ("opened", "b", "default-to-a"),
+    ]
+    watcher.events.clear()
+    link.stop()
+    await mesh.clock.settle()
+    assert sorted(watcher.events) == [
+        ("closed", "a", "b/default-to-a"),
+        ("closed", "b", "default-to-a"),
+    ]
