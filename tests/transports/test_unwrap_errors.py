@@ -11,15 +11,22 @@ from meshbus.transports._connection import unwrap_errors
 pytestmark = pytest.mark.anyio
 
 
-async def test_the_first_meshbus_error_leaves_as_itself() -> None:
-    async def fail() -> None:
-        raise TransportError("lost")
+async def connection_failing_with(*errors: Exception) -> None:
+    """A connection's tasks, one raising each of ``errors``, under ``unwrap_errors``."""
 
+    async def fail(exc: Exception) -> None:
+        raise exc
+
+    with unwrap_errors():
+        async with anyio.create_task_group() as tg:
+            for exc in errors:
+                tg.start_soon(fail, exc)
+            await anyio.sleep_forever()
+
+
+async def test_the_first_meshbus_error_leaves_as_itself() -> None:
     with pytest.raises(TransportError, match="lost"):
-        with unwrap_errors():
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(fail)
-                await anyio.sleep_forever()
+        await connection_failing_with(TransportError("lost"))
 
 
 async def test_an_error_while_an_outer_scope_cancels_the_connection_is_not_a_group() -> None:
@@ -45,12 +52,5 @@ async def test_an_error_while_an_outer_scope_cancels_the_connection_is_not_a_gro
 
 
 async def test_a_bug_keeps_its_group() -> None:
-    async def fail(exc: Exception) -> None:
-        raise exc
-
     with pytest.raises(BaseExceptionGroup):
-        with unwrap_errors():
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(fail, ProtocolError("bad frame"))
-                tg.start_soon(fail, KeyError("bug"))
-                await anyio.sleep_forever()
+        await connection_failing_with(ProtocolError("bad frame"), KeyError("bug"))
