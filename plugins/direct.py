@@ -82,7 +82,10 @@ class DirectRouter:
                 if egress is None:  # a handler, a stage (eliding) or a closed session
                     session._deliver(message)  # what the ``deliver`` property returns
                     continue
-                # Egress.push inlined, the common case without a call (keep them in step).
+                # Egress.push inlined, the common case without a call; the fenced copy
+                # is compared with its source by tests/test_inline_copies.py.
+                # inline: meshbus._egress.Egress.push begin
+                # inline-with: self -> egress
                 queue = egress._queue
                 queue.append(message)
                 size = egress._bytes + message.size
@@ -94,6 +97,7 @@ class DirectRouter:
                         egress.wake()
                     else:
                         egress.on_ready()
+                # inline: meshbus._egress.Egress.push end
             return len(targets) - skipped
 
         return route

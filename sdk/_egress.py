@@ -68,7 +68,8 @@ class Egress:
 
     def push(self, message: Message) -> None:
         """Append ``message``, discarding the oldest if over the limits. Never blocks."""
-        # The direct router inlines this body (plugins/direct.py): keep them in step.
+        # The direct router inlines this body (plugins/direct.py), inside a fence that
+        # tests/test_inline_copies.py compares with it.
         queue = self._queue
         queue.append(message)
         size = self._bytes + message.size
@@ -109,13 +110,19 @@ class Egress:
         queue = self._queue
         if not queue:
             return None
+        # Session.__anext__ inlines the two fenced parts (not the discard, which it
+        # leaves to this method); tests/test_inline_copies.py compares them.
+        # inline-source: take begin
         message = queue.popleft()
         self._bytes -= message.size
+        # inline-source: take end
         if self._discard_pending:
             self._discard_pending = False
             message = message.evolve(discard_indication=True)
+        # inline-source: drained begin
         if not queue and self.on_drained is not None:
             self.on_drained()
+        # inline-source: drained end
         return message
 
     async def get(self) -> Message:

@@ -220,7 +220,14 @@ class Session:
                 size,
             )
             size += len(payload)
-        # make_message() inlined: six slot stores, no extra frame (keep them in step).
+        # make_message() inlined: six slot stores, no extra frame. The fenced copies here
+        # are compared with their sources by tests/test_inline_copies.py; ``size`` was
+        # worked out above, with the header limits.
+        # inline: meshbus._messages.make_message[build] begin
+        # inline-with: _new -> _new_message
+        # inline-with: sender -> self.client_name
+        # inline-with: timestamp -> self._time() if self.timestamps else None
+        # inline-with: len(payload) + options.size -> size
         message = _new_message(Message)
         message.topic = topic  # type: ignore[misc]
         message.payload = payload  # type: ignore[misc]
@@ -228,14 +235,23 @@ class Session:
         message.timestamp = self._time() if self.timestamps else None  # type: ignore[misc]
         message.options = options  # type: ignore[misc]
         message.size = size  # type: ignore[misc]
+        # inline: meshbus._messages.make_message[build] end
         self.published += 1
-        # Inlined Vpn.dispatch: this is the per-message path.
+        # Vpn.dispatch inlined: this is the per-message path. An envelope is made only
+        # when the message must wait; otherwise the session's own is reused.
         vpn = self.vpn
+        # inline: meshbus._vpn.Vpn.dispatch[defer] begin
+        # inline-with: self -> vpn
+        # inline-with: envelope.copy() -> Envelope(message, self)
         if vpn._busy:
             vpn._pending.append(Envelope(message, self))
             return
+        # inline: meshbus._vpn.Vpn.dispatch[defer] end
         envelope = self._envelope
         envelope.message = message
+        # inline: meshbus._vpn.Vpn.dispatch[route] begin
+        # inline-with: self -> vpn
+        # inline-with: not self._route(envelope) and count_unmatched -> not vpn._route(envelope)
         vpn._busy = True
         try:
             if not vpn._route(envelope):
@@ -244,6 +260,7 @@ class Session:
                 vpn._drain()
         finally:
             vpn._busy = False
+        # inline: meshbus._vpn.Vpn.dispatch[route] end
 
     # --- guaranteed messaging (delegated to the plugin that provides it) ------------
 
@@ -516,16 +533,24 @@ class Session:
         return self
 
     async def __anext__(self) -> Message:
-        # Fast path, inlined from Egress.get_nowait (keep them in step): a waiting
-        # message is taken without another frame or coroutine. The consumer waits
-        # only on an empty buffer, then drains without checkpoints (see Egress).
+        # Fast path, inlined from Egress.get_nowait: a waiting message is taken without
+        # another frame or coroutine. The consumer waits only on an empty buffer, then
+        # drains without checkpoints (see Egress). A pending discard indication takes
+        # the slow path, so the copy leaves it out; tests/test_inline_copies.py compares
+        # the fenced parts with their sources.
         queue = self._queue
         egress = self._egress
         if queue and self._receivable and not egress._discard_pending:
+            # inline: meshbus._egress.Egress.get_nowait[take] begin
+            # inline-with: self -> egress
             message = queue.popleft()
             egress._bytes -= message.size
+            # inline: meshbus._egress.Egress.get_nowait[take] end
+            # inline: meshbus._egress.Egress.get_nowait[drained] begin
+            # inline-with: self -> egress
             if not queue and egress.on_drained is not None:
                 egress.on_drained()
+            # inline: meshbus._egress.Egress.get_nowait[drained] end
             self.delivered += 1
             return message
         try:

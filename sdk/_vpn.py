@@ -403,14 +403,18 @@ class Vpn:
 
         Publishes made while routing (by inline handlers) are queued and routed
         afterwards, so every subscriber sees each publisher's messages in order.
-        :meth:`Session.publish` inlines this for speed; keep the two in step.
 
         :param count_unmatched: count the message in ``unmatched`` when no router
             delivered it (``False`` when something else, such as a queue, already took it).
         """
+        # Session.publish inlines both fenced parts for speed, filling its reused
+        # envelope between them; tests/test_inline_copies.py compares them.
+        # inline-source: defer begin
         if self._busy:
             self._pending.append(envelope.copy())
             return
+        # inline-source: defer end
+        # inline-source: route begin
         self._busy = True
         try:
             if not self._route(envelope) and count_unmatched:
@@ -419,6 +423,7 @@ class Vpn:
                 self._drain()
         finally:
             self._busy = False
+        # inline-source: route end
 
     def _drain(self) -> None:
         pending = self._pending

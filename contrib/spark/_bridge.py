@@ -59,8 +59,10 @@ class SparkBridge(Pipelines):
     :param subscribe: topic filters captured from the moment the node starts, as one
         stream (readers name it with the same filters). Other filters and queues
         become streams when a query first asks for them.
-    :param queues: queues captured as soon as they exist; each is a stream. A queue
-        message is acknowledged only once every consumer of its stream committed it.
+    :param queues: queues captured as soon as they exist; each is a stream. One created
+        later is bound as it is created, which the guaranteed plugin announces with
+        :func:`~meshbus.hookspecs.meshbus_endpoint_interest`. A queue message is
+        acknowledged only once every consumer of its stream committed it.
     :param address: ``host:port`` of the loopback server for Spark's workers
         (port 0 picks a free one; see :attr:`address`).
     :param vpn: the Message VPN it logs in to, with ``username``/``password``.
@@ -115,6 +117,9 @@ class SparkBridge(Pipelines):
         self._scopes: list[anyio.CancelScope] = []
         self._listeners: list[tuple[Any, Any]] = []
         self._open_lock: anyio.Lock | None = None
+        # Declared queues not created yet, by endpoint name: each event is set when the
+        # guaranteed plugin announces that endpoint (meshbus_endpoint_interest).
+        self._awaited: dict[str, anyio.Event] = {}
         self._published = 0
 
     def __repr__(self) -> str:
@@ -127,6 +132,14 @@ class SparkBridge(Pipelines):
     def meshbus_lifespan(self, node: Node) -> Any:
         return self._running(node)
 
+    @hookimpl
+    def meshbus_endpoint_interest(self, endpoint: str) -> None:
+        # The guaranteed plugin calls it when it creates, changes or deletes a queue:
+        # a declared queue becomes a stream as it is created, without polling for it.
+        created = self._awaited.pop(endpoint, None)
+        if created is not None:
+            created.set()
+
     @asynccontextmanager
     async def _running(self, node: Node) -> AsyncIterator[None]:
         self._node = node
@@ -136,6 +149,7 @@ class SparkBridge(Pipelines):
         self._streams.clear()
         self._scopes.clear()
         self._staged.clear()
+        self._awaited.clear()
         self._in_flight: set[tuple[str, int]] = set()
         # login(), not connect(): a password is checked off the event loop (SPEC 6).
         self._session = await node.login(
@@ -301,9 +315,11 @@ class SparkBridge(Pipelines):
     async def _open_when_created(self, spec: StreamSpec) -> None:
         assert self._node is not None
         assert spec.queue is not None
+        endpoint = f"{self.vpn}/{spec.queue}"  # how the guaranteed plugin names it
         with self._task_scope():
+            # Looked up again after each wake: the hook also reports a deletion.
             while self._node.guaranteed.find_queue(self.vpn, spec.queue) is None:
-                await anyio.sleep(0.05)
+                await self._awaited.setdefault(endpoint, anyio.Event()).wait()
             await self._open(spec)
 
     async def _capture_queue(self, stream: Stream) -> None:

@@ -78,6 +78,8 @@ class ControlServer:
         self._server = _Server((host, port), dispatch)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
+            # How often serve_forever checks for close()'s shutdown request (close()
+            # waits up to that long); requests are served as they come, whatever it is.
             kwargs={"poll_interval": 0.05},
             name="meshbus-spark-bridge",
             daemon=True,

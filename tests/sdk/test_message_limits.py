@@ -220,6 +220,29 @@ def test_a_message_size_is_its_payload_plus_its_headers_as_held() -> None:
     assert with_reply.size > 3 + len("reply/here") + len("42")
 
 
+async def test_a_published_message_has_the_size_its_constructor_gives() -> None:
+    # Session.publish works sizes out itself (texts_size() of a request inlined, the
+    # sum make_message() makes): they must agree with the message's own.
+    cases: list[dict[str, Any]] = [
+        {},
+        {"eliding_eligible": True},
+        {"reply_to": "reply/here"},
+        {"reply_to": "r" * 5_000},  # beyond the short-text fast path
+        {"reply_to": "reply/here", "correlation_id": "42"},
+        {"correlation_id": "42"},
+        {"headers": {"trace": "abc123", "n": [1, 2, 3]}, "reply_to": "reply/here"},
+    ]
+    async with Node() as node:
+        consumer = node.connect()
+        consumer.subscribe("t")
+        publisher = node.connect()
+        for options in cases:
+            publisher.publish("t", b"abc", **options)
+            received = consumer.receive_nowait()
+            assert received is not None
+            assert received.size == Message("t", b"abc", **options).size, options
+
+
 # --- a message's whole size against the limits ---------------------------------------------
 
 

@@ -18,7 +18,7 @@ import anyio
 import pyarrow as pa
 import pytest
 
-from meshbus import DEFAULT_PLUGINS, Message, Node, Session, StateError
+from meshbus import DEFAULT_PLUGINS, ManualClock, Message, Node, Session, StateError
 from meshbus.contrib.spark import (
     BridgeError,
     BridgeUnavailableError,
@@ -277,6 +277,33 @@ async def test_a_declared_queue_is_captured_once_created() -> None:
             await producer.send("orders/1", b"first")
         await until(lambda: queue_stats(bridge).get("captured") == 1)
         assert queue.usage()[0] == 1  # held for Spark, not acknowledged
+
+
+async def test_a_declared_queue_is_captured_as_it_is_created_with_no_time_passing() -> None:
+    # The guaranteed plugin announces each endpoint it creates (meshbus_endpoint_interest):
+    # the bridge binds then, instead of looking again after a while.
+    clock = ManualClock()
+    bridge = SparkBridge(queues=["orders"], address="127.0.0.1:0")
+    async with running(bridge, clock=clock) as (node, _, _):
+        await clock.settle()
+        node.guaranteed.create_queue("other", subscriptions=["other/>"])
+        await clock.settle()
+        assert bridge.statistics()["streams"] == {}
+        queue = node.guaranteed.create_queue("orders", subscriptions=["orders/>"])
+        await clock.settle()
+        assert list(bridge.statistics()["streams"]) == ["queue:orders"]
+        assert len(queue.flows) == 1
+        assert clock.monotonic() == 0
+
+
+async def test_a_declared_queue_never_created_does_not_hold_the_node_up() -> None:
+    bridge = SparkBridge(queues=["never"], address="127.0.0.1:0")
+    with anyio.fail_after(5):
+        async with running(bridge) as (node, _, _):
+            await anyio.wait_all_tasks_blocked()
+            node.guaranteed.create_queue("other")
+            await node.guaranteed.delete_queue("other")
+    assert bridge.statistics()["streams"] == {}
 
 
 # --- writing ---------------------------------------------------------------------------
