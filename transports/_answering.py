@@ -78,7 +78,7 @@ class ServedFlows:
         self.connection = connection
         self.protocol = connection.protocol
         self.answers = answers
-        self._flows: dict[int, tuple[Flow, anyio.CancelScope, dict[int, Message]]] = {}
+        self._flows: dict[int, tuple[Flow, _Feeder, dict[int, Message]]] = {}
         self._numbers = 0
         self._done: dict[int, anyio.Event] = {}
 
@@ -90,47 +90,55 @@ class ServedFlows:
         it in ``task_group`` and answer with its number."""
         self._numbers += 1
         number = self._numbers
-        scope = anyio.CancelScope()
+        feeder = _Feeder()
         unacked: dict[int, Message] = {}
-        self._flows[number] = (flow, scope, unacked)
+        self._flows[number] = (flow, feeder, unacked)
         self._done[number] = done = anyio.Event()
-        task_group.start_soon(self._feed_flow, number, flow, scope, unacked, done)
+        task_group.start_soon(self._feed_flow, number, flow, feeder, unacked, done)
         self.answers.ok(request, flow=number)
 
     async def _feed_flow(
         self,
         number: int,
         flow: Flow,
-        scope: anyio.CancelScope,
+        feeder: _Feeder,
         unacked: dict[int, Message],
         done: anyio.Event,
     ) -> None:
         try:
-            await self._feed(number, flow, scope, unacked)
+            await self._feed(number, flow, feeder, unacked)
         finally:
             done.set()
             self._done.pop(number, None)
 
     async def _feed(
-        self, number: int, flow: Flow, scope: anyio.CancelScope, unacked: dict[int, Message]
+        self, number: int, flow: Flow, feeder: _Feeder, unacked: dict[int, Message]
     ) -> None:
         protocol = self.protocol
-        with scope:
-            while True:
-                try:
+        while not feeder.stopping:
+            # Only the wait for a message may be cut short by an unbind: a flush it
+            # interrupted would lose what it had taken from the protocol (other
+            # requests' answers, other flows' messages).
+            feeder.scope = scope = anyio.CancelScope()
+            try:
+                with scope:
                     message = await flow.receive()
-                except StateError as exc:  # unbound from this side
-                    if number in self._flows and protocol.state is ConnectionState.OPEN:
-                        del self._flows[number]
-                        protocol.send(K.FLOW_CLOSED, {"flow": number, "reason": str(exc)})
-                        await self.connection.flush()
-                    return
-                message_id = message.message_id
-                assert message_id is not None
-                unacked[message_id] = message
-                now = self.connection.clock.time()
-                protocol.send_raw(encode_flow_deliver(number, message_id, message, now))
-                await self.connection.flush()
+            except StateError as exc:  # unbound from this side
+                if number in self._flows and protocol.state is ConnectionState.OPEN:
+                    del self._flows[number]
+                    protocol.send(K.FLOW_CLOSED, {"flow": number, "reason": str(exc)})
+                    await self.connection.flush()
+                return
+            finally:
+                feeder.scope = None
+            if scope.cancelled_caught:
+                return
+            message_id = message.message_id
+            assert message_id is not None
+            unacked[message_id] = message
+            now = self.connection.clock.time()
+            protocol.send_raw(encode_flow_deliver(number, message_id, message, now))
+            await self.connection.flush()
 
     async def unbind(self, event: ev.Unbind) -> None:
         """The peer's UNBIND: stop feeding, give back what it has not acked, answer."""
@@ -138,9 +146,9 @@ class ServedFlows:
         entry = self._flows.pop(number, None) if type(number) is int else None
         if entry is None:
             raise StateError(f"no flow {number!r} on this connection")
-        flow, scope, _ = entry
+        flow, feeder, _ = entry
         done = self._done.get(number)
-        scope.cancel()
+        feeder.stop()
         if done is not None:
             # Let the feeder finish first: cancelled inside an ack commit it gives the ids
             # back, and the unbind below must commit them.
@@ -166,9 +174,25 @@ class ServedFlows:
 
     def close(self) -> None:
         """The connection ended: every flow's unacknowledged messages go back to its queue."""
-        for flow, scope, _ in self._flows.values():
-            scope.cancel()
+        for flow, feeder, _ in self._flows.values():
+            feeder.stop()
             detach = getattr(flow, "detach", None)
             if detach is not None:
                 detach()
         self._flows.clear()
+
+
+class _Feeder:
+    """How a flow's feeder task is stopped: at once while it waits for a message, else
+    once the frame it is writing is written."""
+
+    __slots__ = ("scope", "stopping")
+
+    def __init__(self) -> None:
+        self.scope: anyio.CancelScope | None = None
+        self.stopping = False
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.scope is not None:
+            self.scope.cancel()

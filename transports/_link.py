@@ -35,12 +35,13 @@ import anyio
 import anyio.abc
 
 from meshbus._links import Link, LinkState
-from meshbus._messages import DeliveryMode, Envelope, Message, make_message
+from meshbus._messages import HEADER_LIMITS, DeliveryMode, Envelope, Message, make_message
 from meshbus._topics import parse_subscription
 from meshbus.errors import (
     AccessDeniedError,
     MeshbusError,
     ProtocolError,
+    PublishRejectedError,
     StateError,
     TransportError,
 )
@@ -446,27 +447,46 @@ class WireLink(Link):
         protocol = connection.protocol
         receive = self.receive
         now = self.vpn.node.clock.time
+        # What came in the same read as the WELCOME (a dialling side) comes first.
+        frames, connection.early = connection.early, []
         while protocol.state is ConnectionState.OPEN:
-            try:
-                frames = await connection.receive_frames()
-            except ProtocolError:
-                raise
-            except TransportError:
-                if protocol.state is ConnectionState.OPEN:
+            if not frames:
+                try:
+                    frames = await connection.receive_frames()
+                except ProtocolError:
                     raise
-                return
+                except TransportError:
+                    if protocol.state is ConnectionState.OPEN:
+                        raise
+                    return
             for kind, header, payload in frames:
                 if kind == _DELIVER_BATCH:
                     for message in decode_deliver_batch(header, payload, now()):
-                        receive(message)
+                        if not message.options.size or self._within_limits(message):
+                            receive(message)
                 elif kind == _DELIVER:
-                    receive(decode_deliver(header, payload, now()))
+                    message = decode_deliver(header, payload, now())
+                    if not message.options.size or self._within_limits(message):
+                        receive(message)
                 elif kind == _FLOW_DELIVER:
                     self._arrived(*decode_flow_deliver(header, payload, now()))
                 else:
                     await self._control(header, payload)
+            frames = []
             if protocol.out:
                 self._wake.set()
+
+    def _within_limits(self, message: Message) -> bool:
+        """Whether ``message``'s headers are within :data:`~meshbus.HEADER_LIMITS`, as
+        a session's publish must be (SPEC 10): what the node takes it must be able to
+        write to every subscriber. One over them is dropped (``bad_headers``)."""
+        try:
+            HEADER_LIMITS.check(message.headers, message.reply_to, message.correlation_id)
+        except PublishRejectedError as exc:
+            self.count_drop("bad_headers")
+            log.warning("link %r: dropped a message on %r: %s", self.name, message.topic, exc)
+            return False
+        return True
 
     async def _control(self, event: object, payload: bytes) -> None:
         answers = self._answers
@@ -614,6 +634,10 @@ class WireLink(Link):
         pull = self._pulled.get(flow)
         if pull is None:
             raise ProtocolError(f"FLOW_DELIVER on flow {flow}, which this side did not bind")
+        if message.options.size and not self._within_limits(message):
+            # It can never be taken here: let the peer's queue go of it, counted.
+            self._control_frame(K.ACK, {"flow": flow, "ids": [message.message_id]})
+            return
         pull.messages.append(message)
         pull.arrived.set()
 
@@ -721,6 +745,8 @@ def _sent_message(send: ev.Send, payload: bytes, now: float) -> Message:
     if send.headers:
         wire["h"] = send.headers
     options = options_from_wire(wire, None, now)
+    if options.size:  # as a session's send would be (SPEC 10)
+        HEADER_LIMITS.check(options.headers, options.reply_to, options.correlation_id)
     return make_message(send.topic, payload, sender, timestamp, options)
 
 

@@ -16,7 +16,7 @@ from meshbus import (
     PublishRejectedError,
 )
 from meshbus.hookspecs import hookimpl
-from meshbus.transports import Backoff
+from meshbus.transports import Backoff, WireLink
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
@@ -330,3 +330,31 @@ async def test_plugins_hear_of_links_opening_and_closing_on_both_sides(mesh: Mes
         ("closed", "a", "b/default-to-a"),
         ("closed", "b", "default-to-a"),
     ]
+
+
+class WantsBack:
+    """On every link a node accepts, ask the dialling side for ``orders/>`` at once."""
+
+    @hookimpl
+    def meshbus_link_opened(self, link: Link) -> None:
+        if isinstance(link, WireLink) and link.settings is None:
+            link.want("orders/>")
+
+
+async def test_what_the_accepting_side_asks_for_as_the_link_opens_arrives(mesh: Mesh) -> None:
+    # Its SUBSCRIBE goes out with the WELCOME, in the same write: the dialling side must
+    # read the frames that came with the WELCOME too.
+    a = await mesh.start("a", plugins=[*DEFAULT_PLUGINS, WantsBack()])
+    b = await mesh.start("b")
+    link = mesh.link(b, "a")
+    await mesh.in_sync(link)
+    (accepted,) = a.vpn().links
+    await mesh.clock.wait_for(lambda: accepted.state is LinkState.IN_SYNC, within=5)
+    assert link.interest == ("orders/>",)
+    subscriber = a.connect(client_name="sub")
+    subscriber.subscribe("orders/>")
+    b.connect().publish("orders/1", b"from b")
+    await mesh.clock.settle()
+    message = subscriber.receive_nowait()
+    assert message is not None
+    assert message.payload == b"from b"
