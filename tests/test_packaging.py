@@ -67,11 +67,17 @@ def test_wheel_installs_into_fresh_venv_and_imports_every_module(
     modules = sorted(
         n[:-3].replace("/", ".").removesuffix(".__init__")
         for n in names
-        # __main__ runs the CLI; _pytest_plugin is the pytest plugin and needs pytest,
-        # which the runtime install rightly does not pull in (meshbus.testing, the
-        # helpers, must import without it); contrib needs its extras.
+        # __main__ runs the CLI; the two pytest plugins (the core's fixtures and the
+        # transports' mesh fixture) need pytest, which the runtime install rightly does
+        # not pull in (meshbus.testing and meshbus.transports.testing, the helpers, must
+        # import without it); contrib needs its extras.
         if n.endswith(".py")
-        and n not in ("meshbus/__main__.py", "meshbus/_pytest_plugin.py")
+        and n
+        not in (
+            "meshbus/__main__.py",
+            "meshbus/_pytest_plugin.py",
+            "meshbus/transports/_pytest_mesh.py",
+        )
         and not n.startswith(EXTRA_PACKAGES)
     )
     script = (
