@@ -34,10 +34,19 @@ import attrs
 
 from ._index import SubscriptionIndex
 from ._messages import Envelope, Message, MessageOptions, make_message
-from .errors import AccessDeniedError, ConfigurationError, PluginError, StateError
+from ._topics import parse_subscription, validate_topic, wildcard_levels
+from .errors import (
+    AccessDeniedError,
+    ConfigurationError,
+    InvalidTopicError,
+    LimitExceededError,
+    PluginError,
+    StateError,
+)
 
 if TYPE_CHECKING:
     from ._acl import AclChecker
+    from ._profiles import ClientProfile
     from ._vpn import Vpn
 
 __all__ = [
@@ -225,6 +234,9 @@ class Link(ABC):
     :param acl: the publish and subscribe rules of the identity the peer logged in as,
         for links a peer opened to this node; ``None`` trusts the peer (links this node
         opened, by its own configuration).
+    :param profile: the client profile of that identity, whose ``max_subscriptions``
+        and ``max_wildcard_levels`` bound the peer's interest as they bound a session's
+        subscriptions; ``None``: no bound.
     """
 
     def __init__(
@@ -236,6 +248,7 @@ class Link(ABC):
         dedup: bool = True,
         endpoint: str | None = None,
         acl: AclChecker | None = None,
+        profile: ClientProfile | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a link needs a non-empty name, got {name!r}")
@@ -245,6 +258,10 @@ class Link(ABC):
         self.dedup = dedup
         self.endpoint = endpoint
         self.acl = acl
+        #: Whose limits the peer's interest is held to (``max_subscriptions``,
+        #: ``max_wildcard_levels``): the profile of the user the peer logged in as.
+        self.profile = profile
+        self._wildcard_levels = 0
         #: The peer's node id and cluster, known once the link's connection is up.
         self.peer_node: str | None = None
         self.peer_cluster: str | None = None
@@ -357,8 +374,27 @@ class Link(ABC):
         """
         if topic_filter in self._interest:
             return False
+        parse_subscription(topic_filter, self.vpn.topic_limits)
         if self.acl is not None and not self.acl.may_subscribe(topic_filter):
             raise AccessDeniedError(self.name, "subscribe", topic_filter, "link ACL")
+        levels = wildcard_levels(topic_filter)
+        profile = self.profile
+        if profile is not None:
+            if len(self._interest) >= profile.max_subscriptions:
+                raise LimitExceededError(
+                    f"link {self.name!r} already has {profile.max_subscriptions} filters "
+                    f"of interest (client profile {profile.name!r})",
+                    profile.max_subscriptions,
+                )
+            if levels and self._wildcard_levels + levels > profile.max_wildcard_levels:
+                raise LimitExceededError(
+                    f"link {self.name!r} has wildcard interest of {self._wildcard_levels} "
+                    f"levels in all; {topic_filter!r} would add {levels}, over client "
+                    f"profile {profile.name!r}'s max_wildcard_levels of "
+                    f"{profile.max_wildcard_levels}",
+                    profile.max_wildcard_levels,
+                )
+        self._wildcard_levels += levels
         self._interest[topic_filter] = None
         if self.attached:
             self.vpn.links._add(topic_filter, self)
@@ -369,6 +405,7 @@ class Link(ABC):
         if topic_filter not in self._interest:
             return False
         del self._interest[topic_filter]
+        self._wildcard_levels -= wildcard_levels(topic_filter)
         if self.attached:
             self.vpn.links._remove(topic_filter, self)
         return True
@@ -409,16 +446,21 @@ class Link(ABC):
             if not stage(envelope):
                 self.dropped[reason] = self.dropped.get(reason, 0) + 1
                 return False
-        acl = self.acl
-        if acl is not None:
-            topic = envelope.message.topic
-            if topic not in self._admitted:
-                if not acl.may_publish(topic):
-                    self.count_drop("denied")
-                    return False
-                if len(self._admitted) >= 4096:
-                    self._admitted.clear()
-                self._admitted[topic] = None
+        topic = envelope.message.topic
+        if topic not in self._admitted:
+            # First message on this topic: what a session's publish would check (SPEC 1).
+            try:
+                validate_topic(topic, self.vpn.topic_limits)
+            except InvalidTopicError:
+                self.count_drop("bad_topic")
+                return False
+            acl = self.acl
+            if acl is not None and not acl.may_publish(topic):
+                self.count_drop("denied")
+                return False
+            if len(self._admitted) >= 4096:
+                self._admitted.clear()
+            self._admitted[topic] = None
         return True
 
     def receive(self, message: Message) -> bool:

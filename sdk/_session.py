@@ -28,10 +28,10 @@ from ._stash import Stash
 from ._stats import SessionStatistics
 from ._topics import (
     Subscription,
-    is_wildcard_filter,
     parse_endpoint_subscription,
     parse_subscription,
     validate_topic,
+    wildcard_levels,
 )
 from .errors import (
     AccessDeniedError,
@@ -439,7 +439,7 @@ class Session:
         self._check_open()
         sub = self._subscriptions.pop(subscription, None)
         if sub is not None:
-            self._wildcard_levels -= _wildcard_levels(sub.filter)  # in step with the pop
+            self._wildcard_levels -= wildcard_levels(sub.filter)  # in step with the pop
             self.vpn.node.plugins.unsubscribe(self, sub)
 
     def subscribe_for(self, client_name: str, subscription: str) -> None:
@@ -489,7 +489,7 @@ class Session:
         # (those that match a topic's first levels but not its last), so their levels in
         # all are what bounds the work one session adds to a publish; exact filters cost
         # one lookup however many there are.
-        levels = _wildcard_levels(sub.filter)
+        levels = wildcard_levels(sub.filter)
         budget = self.client_profile.max_wildcard_levels
         if levels and self._wildcard_levels + levels > budget:
             raise LimitExceededError(
@@ -648,11 +648,6 @@ class Session:
             egress_bytes=self._egress.bytes,
             subscriptions=len(self._subscriptions),
         )
-
-
-def _wildcard_levels(filter: str) -> int:
-    """What a filter counts against ``max_wildcard_levels``: its levels, or 0 if exact."""
-    return filter.count("/") + 1 if is_wildcard_filter(filter) else 0
 
 
 def _drop(message: Message) -> None:

@@ -152,6 +152,13 @@ def parse_endpoint_subscription(text: str, limits: TopicLimits = DEFAULT_LIMITS)
     return sub
 
 
+def wildcard_levels(filter: str) -> int:
+    """What a filter counts against a client profile's ``max_wildcard_levels``: its
+    levels, or 0 if it is exact (a publish may step through every level of a wildcard
+    filter; an exact one costs one lookup)."""
+    return filter.count("/") + 1 if is_wildcard_filter(filter) else 0
+
+
 def is_wildcard_filter(filter: str) -> bool:
     """Whether a (valid) filter contains a wildcard level, so it can match more than one topic."""
     if filter == ">" or filter.endswith("/>"):

@@ -36,7 +36,7 @@ import anyio.abc
 
 from meshbus._links import Link, LinkState
 from meshbus._messages import HEADER_LIMITS, DeliveryMode, Envelope, Message, make_message
-from meshbus._topics import parse_subscription
+from meshbus._topics import parse_subscription, validate_topic
 from meshbus.errors import (
     AccessDeniedError,
     MeshbusError,
@@ -65,6 +65,7 @@ from ._wire_errors import error_from
 
 if TYPE_CHECKING:
     from meshbus._acl import AclChecker
+    from meshbus._profiles import ClientProfile
     from meshbus._session import Session
     from meshbus._vpn import Vpn
 
@@ -77,6 +78,8 @@ _DELIVER = int(K.DELIVER)
 _DELIVER_BATCH = int(K.DELIVER_BATCH)
 _FLOW_DELIVER = int(K.FLOW_DELIVER)
 _MODES = {True: "persistent", False: "non-persistent"}
+_MAX_PIPELINED_SENDS = 4096  # the peer's SENDs waiting for the spool before reading pauses
+_MAX_PIPELINED_BYTES = 64 * 1024 * 1024  # and their payload bytes
 
 AdvertiseHandler = Callable[["WireLink", ev.Advertise], None]
 """Called with each ADVERTISE the peer sent, once it is known to follow the last one."""
@@ -134,11 +137,12 @@ class WireLink(Link):
         acl: AclChecker | None = None,
         dedup: bool = True,
         endpoint: str | None = None,
+        profile: ClientProfile | None = None,
         retry_interval: float = 1.0,
         max_pending_bytes: int = 16 * 1024 * 1024,
         stable_period: float = 30.0,
     ) -> None:
-        super().__init__(vpn, name, kind, dedup=dedup, endpoint=endpoint, acl=acl)
+        super().__init__(vpn, name, kind, dedup=dedup, endpoint=endpoint, acl=acl, profile=profile)
         self.settings = settings
         self.session = session
         self.retry_interval = retry_interval
@@ -163,6 +167,7 @@ class WireLink(Link):
         self._pulled: dict[int, _Pull] = {}
         self._sends: deque[tuple[ev.Send, bytes]] = deque()
         self._sends_waiting = anyio.Event()
+        self._sends_room = anyio.Event()
         self._advertised: tuple[int, int] | None = None  # the peer's epoch and last seq
         self._resync_asked = False
         self._my_epoch = vpn.node.next_origin_id()
@@ -172,6 +177,10 @@ class WireLink(Link):
         self._stopped = False
         #: Guaranteed messages spooled here from the peer's queues.
         self.pulled = 0
+        #: What ended the last connection, when it failed (a ``ProtocolError``: the
+        #: peer broke the protocol).
+        self.error: MeshbusError | None = None
+        self._send_bytes = 0
 
     # --- what this side asks of the peer ------------------------------------------------
 
@@ -371,6 +380,7 @@ class WireLink(Link):
         self._wake.set()  # what the login queued (an accepting side's WELCOME) goes first
         self.opened(peer_node, peer_cluster)
         reason = "closed"
+        self.error = None
         self._serving = serving = anyio.CancelScope()
         try:
             with serving, unwrap_errors():
@@ -389,6 +399,7 @@ class WireLink(Link):
                 reason = self.reason or "stopped"
         except (TransportError, ProtocolError) as exc:
             reason = str(exc)
+            self.error = exc
         finally:
             self._serving = None
             with anyio.CancelScope(shield=True):
@@ -409,6 +420,8 @@ class WireLink(Link):
         self._requests.clear()
         self._pulled.clear()  # the peer gives back what it sent and we did not ack
         self._sends.clear()
+        self._send_bytes = 0
+        self._sends_room.set()
         self.forward_failures += len(self._pending)
         self._pending, self._hops, self._pending_bytes = [], [], 0
         self._advertised = None
@@ -502,7 +515,14 @@ class WireLink(Link):
             return
         if isinstance(event, ev.Send):
             self._sends.append((event, payload))
+            self._send_bytes += len(payload)
             self._sends_waiting.set()
+            # Stop reading while the spool is behind, as a session's connection does.
+            while self._sends and (
+                len(self._sends) >= _MAX_PIPELINED_SENDS or self._send_bytes > _MAX_PIPELINED_BYTES
+            ):
+                self._sends_room = anyio.Event()
+                await self._sends_room.wait()
             return
         if isinstance(event, ev.Advertise):
             self._advertise_received(event)
@@ -669,10 +689,11 @@ class WireLink(Link):
             await self._sends_waiting.wait()
             self._sends_waiting = anyio.Event()
             while sends:
-                send, payload = sends.popleft()
+                send, payload = sends[0]
                 answers = self._answers
                 try:
                     message = _sent_message(send, payload, self.vpn.node.clock.time())
+                    validate_topic(message.topic, self.vpn.topic_limits)  # as a send's
                     await self.receive_guaranteed(message)
                 except ProtocolError:
                     raise
@@ -682,6 +703,10 @@ class WireLink(Link):
                 else:
                     if answers is not None:
                         answers.ok(send.id)
+                if sends and sends[0][0] is send:
+                    sends.popleft()
+                    self._send_bytes -= len(payload)
+                self._sends_room.set()
                 self._wake.set()
 
     # --- advertisements ------------------------------------------------------------------

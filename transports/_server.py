@@ -326,7 +326,14 @@ class Server:
                 self._refuse(connection, exc, session.username, vpn.name)
                 await connection.flush_quietly()
                 return
-            link = WireLink(vpn, name, kind=login.kind, session=session, acl=session._acl)
+            link = WireLink(
+                vpn,
+                name,
+                kind=login.kind,
+                session=session,
+                acl=session._acl,
+                profile=session.client_profile,
+            )
             vpn.links.attach(link)
             welcome = self._welcome(session, {"link": login.kind})
             connection.protocol.accept(welcome, compression=self._compression(hello))
@@ -350,6 +357,9 @@ class Server:
                 )
             finally:
                 link.stop(link.reason or "its connection ended")
+            if isinstance(link.error, ProtocolError):  # a violation, as for a session
+                self.failed += 1
+                log.warning("closing connection from %s: %s", connection.peer, link.error)
         finally:
             session.close()
 
