@@ -10,13 +10,14 @@ carry. ``test_link_fuzz.py`` feeds the node hostile ones.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import anyio
 import anyio.abc
 import attrs
 import pytest
 
-from meshbus import ClientProfile, LinkState
+from meshbus import AclProfile, ClientProfile, DeliveryMode, LinkState
 from meshbus.errors import ProtocolError
 from meshbus.transports import (
     Backoff,
@@ -33,7 +34,7 @@ from meshbus.transports import (
 from meshbus.transports import _events as ev
 from meshbus.transports.testing import Mesh
 
-from .raw_peer import GONE, LINK, LISTENER, accepted, linked, rig
+from .raw_peer import GONE, LINK, LISTENER, accepted, linked, queue_depth, rig
 
 pytestmark = pytest.mark.anyio
 
@@ -172,3 +173,359 @@ async def test_a_link_replaced_by_a_new_login_of_its_peer_is_closed() -> None:
         assert isinstance(bound, ev.Ok)
         [(_, message)] = new.take(K.FLOW_DELIVER)
         assert (message.payload, message.redelivered) == (b"one", True)
+
+
+# --- well-formed frames: what the node makes of each ----------------------------------------
+
+
+async def test_a_subscribe_is_interest_that_attracts_what_the_node_publishes() -> None:
+    async with rig() as r:
+        peer = await linked(r)
+        link = accepted(r)
+        assert isinstance(
+            await peer.request(K.SUBSCRIBE, {"id": 1, "subscription": "orders/>"}), ev.Ok
+        )
+        assert link.interest == ("orders/>",)
+        publisher = r.node.connect(client_name="pub", timestamps=True)
+        publisher.publish(
+            "orders/1", b"one", headers={"k": "v"}, reply_to="replies/pub", correlation_id="c1"
+        )
+        publisher.publish("invoices/1", b"not wanted")
+        await r.clock.settle()
+        [message] = peer.messages
+        assert (message.topic, message.payload, message.sender) == ("orders/1", b"one", "pub")
+        assert message.timestamp == r.clock.time()
+        assert message.headers == {"k": "v"}
+        assert (message.reply_to, message.correlation_id) == ("replies/pub", "c1")
+        assert message.delivery_mode is DeliveryMode.DIRECT
+        assert message.origin is not None
+        assert message.origin[0] == "node"  # it left its node here: the node's id
+        assert message.hop_count == 0
+        assert link.statistics().forwarded == 1
+
+        assert isinstance(
+            await peer.request(K.UNSUBSCRIBE, {"id": 2, "subscription": "orders/>"}), ev.Ok
+        )
+        assert link.interest == ()
+        publisher.publish("orders/2", b"no longer wanted")
+        await r.clock.settle()
+        assert peer.messages == [message]
+
+        refused = await peer.request(K.SUBSCRIBE, {"id": 3, "subscription": ""})
+        assert isinstance(refused, ev.ErrorAnswer)
+        assert refused.header["error"] == "invalid-topic"
+        assert link.interest == ()
+        assert not peer.ended
+
+
+async def test_a_link_is_held_to_the_acl_of_the_user_it_logged_in_as() -> None:
+    async with rig() as r:
+        vpn = r.node.vpn()
+        vpn.add_acl_profile(
+            AclProfile(
+                "no-secrets", publish_exceptions=("secret/>",), subscribe_exceptions=("secret/>",)
+            )
+        )
+        vpn.add_user("bridge", acl_profile="no-secrets")
+        peer = r.peer("peer")
+        assert (await peer.login(username="bridge"))[0] == K.WELCOME
+        denied = await peer.request(K.SUBSCRIBE, {"id": 1, "subscription": "secret/>"})
+        assert isinstance(denied, ev.ErrorAnswer)
+        assert denied.header["error"] == "access-denied"
+        assert isinstance(
+            await peer.request(K.SUBSCRIBE, {"id": 2, "subscription": "open/>"}), ev.Ok
+        )
+        assert accepted(r).interest == ("open/>",)
+
+        local = r.node.connect(client_name="local")
+        local.subscribe(">")
+        await peer.send(K.DELIVER, ["secret/1", "pub", None], b"not allowed")
+        await peer.send(K.DELIVER, ["open/1", "pub", None], b"allowed")
+        [message] = iter(local.receive_nowait, None)
+        assert message.topic == "open/1"
+        stats = accepted(r).statistics()
+        assert (stats.received, stats.dropped) == (1, {"denied": 1, "no_local": 1})
+        assert not peer.ended
+
+
+async def test_a_deliver_keeps_sender_timestamp_headers_origin_hop_count_and_ttl() -> None:
+    async with rig() as r:
+        peer = await linked(r)
+        local = r.node.connect(client_name="local")
+        local.subscribe("orders/>")
+        options = {"h": {"k": "v"}, "r": "replies/a", "c": "c1", "o": ["peer", 7], "hc": 2, "x": 30}
+        await peer.send(K.DELIVER, ["orders/1", "pub", EPOCH - 5, options], b"one")
+        message = local.receive_nowait()
+        assert message is not None
+        assert (message.topic, message.payload, message.sender) == ("orders/1", b"one", "pub")
+        assert message.timestamp == EPOCH - 5
+        assert message.headers == {"k": "v"}
+        assert (message.reply_to, message.correlation_id) == ("replies/a", "c1")
+        assert (message.origin, message.hop_count) == (("peer", 7), 2)
+        assert message.expires_at == r.clock.time() + 30  # the time left, on the node's clock
+
+        batch = [
+            ["orders/2", "pub", None, 3, {"o": ["peer", 8], "hc": 1}],
+            ["orders/3", None, EPOCH, 5],
+        ]
+        await peer.send(K.DELIVER_BATCH, batch, b"twothree")
+        second, third = local.receive_nowait(), local.receive_nowait()
+        assert second is not None
+        assert third is not None
+        assert (second.topic, second.payload, second.sender) == ("orders/2", b"two", "pub")
+        assert (second.origin, second.hop_count, second.timestamp) == (("peer", 8), 1, None)
+        assert (third.topic, third.payload, third.sender) == ("orders/3", b"three", None)
+        assert (third.origin, third.timestamp) == (None, EPOCH)
+
+        # The same origin again (a loop of links brought it back): a duplicate.
+        await peer.send(K.DELIVER, ["orders/1", "pub", None, {"o": ["peer", 7]}], b"again")
+        assert local.receive_nowait() is None
+        stats = accepted(r).statistics()
+        assert (stats.received, stats.dropped) == (3, {"duplicate": 1})
+
+
+async def test_a_message_never_goes_back_over_the_link_it_came_in_on() -> None:
+    async with rig() as r:
+        first = await linked(r, "first")
+        second = r.peer("second")
+        assert (await second.login({**LINK, "name": "y"}))[0] == K.WELCOME
+        for peer in (first, second):
+            assert isinstance(
+                await peer.request(K.SUBSCRIBE, {"id": 1, "subscription": ">"}), ev.Ok
+            )
+        await first.send(K.DELIVER, ["a/b", "pub", None, {"o": ["peer", 1], "hc": 1}], b"x")
+        assert first.messages == []
+        [crossed] = second.messages
+        assert (crossed.topic, crossed.sender, crossed.origin, crossed.hop_count) == (
+            "a/b",
+            "pub",
+            ("peer", 1),
+            1,
+        )
+        assert accepted(r).statistics().dropped == {"no_local": 1}
+
+
+async def test_a_send_is_answered_once_spooled_and_keeps_what_the_message_is() -> None:
+    async with rig() as r:
+        r.node.guaranteed.create_queue("orders", subscriptions=["orders/>"], max_messages=1)
+        peer = await linked(r)
+        link = accepted(r)
+        header = {
+            "id": 1,
+            "topic": "orders/1",
+            "persistent": True,
+            "h": {"k": "v"},
+            "r": "replies/a",
+            "c": "c1",
+            "s": "pub",
+            "t": EPOCH - 5,
+            "o": ["peer", 9],
+            "hc": 1,
+            "x": 60,
+        }
+        assert isinstance(await peer.request(K.SEND, header, b"one"), ev.Ok)
+        assert queue_depth(r.node, "orders") == 1
+
+        # The queue is full: refused whole, nothing kept; the peer sends it again later.
+        second = {"id": 2, "topic": "orders/2", "o": ["peer", 10]}
+        refused = await peer.request(K.SEND, second, b"two")
+        assert isinstance(refused, ev.ErrorAnswer)
+        assert refused.header["error"] == "rejected"
+        assert link.statistics().receive_failures == 1
+        # No endpoint matches: discarded, acknowledged and counted.
+        assert isinstance(await peer.request(K.SEND, {"id": 3, "topic": "other/1"}, b"x"), ev.Ok)
+        assert link.statistics().dropped == {"no_eligible_destination": 1}
+
+        consumer = r.node.connect(client_name="consumer")
+        flow = await consumer.bind("orders")
+        message = await flow.receive()
+        assert (message.topic, message.payload, message.sender) == ("orders/1", b"one", "pub")
+        assert message.delivery_mode is DeliveryMode.PERSISTENT
+        assert message.timestamp == EPOCH - 5
+        assert message.headers == {"k": "v"}
+        assert (message.reply_to, message.correlation_id) == ("replies/a", "c1")
+        assert (message.origin, message.hop_count) == (("peer", 9), 1)
+        assert message.expires_at == r.clock.time() + 60
+        flow.ack(message)
+        await r.clock.settle()
+        # What was refused is no duplicate when it comes again.
+        assert isinstance(await peer.request(K.SEND, {**second, "id": 4}, b"two"), ev.Ok)
+        assert queue_depth(r.node, "orders") == 1
+        again = await flow.receive()
+        assert (again.payload, again.origin, again.delivery_mode) == (
+            b"two",
+            ("peer", 10),
+            DeliveryMode.PERSISTENT,  # SEND's default
+        )
+
+
+async def test_a_peer_binds_a_flow_and_a_message_leaves_only_once_acknowledged() -> None:
+    async with rig() as r:
+        r.node.guaranteed.create_queue("to-peer", subscriptions=["out/>"])
+        local = r.node.connect(client_name="local")
+        await local.send("out/1", b"one", correlation_id="c1")
+        peer = await linked(r)
+        missing = await peer.request(K.BIND, {"id": 1, "queue": "nowhere"})
+        assert isinstance(missing, ev.ErrorAnswer)
+        assert missing.header["error"] == "state"
+        bound = await peer.request(K.BIND, {"id": 2, "queue": "to-peer", "window": 5})
+        assert isinstance(bound, ev.Ok)
+        number = bound.result["flow"]
+        [(flow, message)] = peer.take(K.FLOW_DELIVER)
+        assert flow == number
+        assert (message.topic, message.payload, message.sender) == ("out/1", b"one", "local")
+        assert message.correlation_id == "c1"
+        assert message.origin is not None
+        assert message.message_id is not None
+
+        await peer.send(K.ACK, {"flow": number, "ids": [message.message_id + 1000]})
+        [error] = peer.take(K.ERROR)
+        assert error.id is None  # an asynchronous error: ACK is no request
+        assert "is not unacknowledged" in error.header["message"]
+        assert queue_depth(r.node, "to-peer") == 1
+        await peer.send(K.ACK, {"flow": number, "ids": [message.message_id]})
+        assert queue_depth(r.node, "to-peer") == 0
+
+        assert isinstance(await peer.request(K.UNBIND, {"id": 3, "flow": number}), ev.Ok)
+        again = await peer.request(K.UNBIND, {"id": 4, "flow": number})
+        assert isinstance(again, ev.ErrorAnswer)
+        assert again.header["error"] == "state"
+
+        # What the peer did not acknowledge goes back to the queue when the link goes.
+        await local.send("out/2", b"two")
+        bound = await peer.request(K.BIND, {"id": 5, "queue": "to-peer", "window": 5})
+        assert isinstance(bound, ev.Ok)
+        [(_, unacked)] = peer.take(K.FLOW_DELIVER)
+        assert unacked.payload == b"two"
+        await peer.hang_up()
+        assert queue_depth(r.node, "to-peer") == 1
+        consumer = await r.node.connect(client_name="consumer").bind("to-peer")
+        redelivered = await consumer.receive()
+        assert (redelivered.payload, redelivered.redelivered) == (b"two", True)
+
+
+async def test_a_peer_binds_a_topic_endpoint() -> None:
+    async with rig() as r:
+        r.node.guaranteed.create_topic_endpoint("ep")
+        peer = await linked(r)
+        bound = await peer.request(
+            K.BIND, {"id": 1, "endpoint": "ep", "subscription": "t/>", "window": 1}
+        )
+        assert isinstance(bound, ev.Ok)
+        await r.node.connect(client_name="local").send("t/1", b"one")
+        await r.clock.settle()
+        [(flow, message)] = peer.take(K.FLOW_DELIVER)
+        assert (flow, message.topic, message.payload) == (bound.result["flow"], "t/1", b"one")
+
+
+async def test_advertisements_are_handed_over_in_order_and_a_gap_asks_for_a_resync() -> None:
+    async with rig() as r:
+        peer = await linked(r)
+        link = accepted(r)
+        seen: list[ev.Advertise] = []
+        link.on_advertise = lambda _, event: seen.append(event)
+
+        async def advertise(**fields: Any) -> list[ev.Advertise]:
+            """Send an ADVERTISE; return the ADVERTISE frames the node answered with."""
+            await peer.send(K.ADVERTISE, {"v": ev.ADVERTISE_VERSION, **fields})
+            return peer.take(K.ADVERTISE)
+
+        resync = ev.Advertise(0, 0, False, (), (), True, None, {})
+        # A delta before any snapshot: this side cannot know what it adds to.
+        assert await advertise(epoch=5, seq=1, add=["z"]) == [resync]
+        assert seen == []
+        assert await advertise(epoch=5, seq=0, snapshot=True, add=["a/>"], data={"k": 1}) == []
+        assert await advertise(epoch=5, seq=1, add=["b"], remove=["a/>"]) == []
+        assert [(e.epoch, e.seq, e.snapshot, e.add, e.remove, e.data) for e in seen] == [
+            (5, 0, True, ("a/>",), (), {"k": 1}),
+            (5, 1, False, ("b",), ("a/>",), {}),
+        ]
+        # seq 3 after 1: a gap. Nothing is handed over until the snapshot asked for, which
+        # is asked for once.
+        assert await advertise(epoch=5, seq=3, add=["c"]) == [resync]
+        assert await advertise(epoch=5, seq=4, add=["d"]) == []
+        assert len(seen) == 2
+        assert await advertise(epoch=6, seq=0, snapshot=True, add=["b", "c", "d"]) == []
+        # A delta of another epoch than the snapshot's: a gap too.
+        assert await advertise(epoch=7, seq=1, remove=["d"]) == [resync]
+        assert await advertise(epoch=6, seq=0, snapshot=True, add=["b"]) == []
+        assert await advertise(epoch=6, seq=1, remove=["b"]) == []
+        assert [(e.epoch, e.seq) for e in seen[2:]] == [(6, 0), (6, 0), (6, 1)]
+        assert link.statistics().dropped == {"advertise_gap": 4}
+        # The peer asking this side for a snapshot is handed over as it is.
+        assert await advertise(epoch=0, seq=0, resync=True) == []
+        assert seen[-1].resync
+        assert not peer.ended
+
+        # A version this node does not read ends the connection.
+        await peer.send(K.ADVERTISE, {"v": 2, "epoch": 1, "seq": 0})
+        assert peer.ended
+        assert r.links.closed == [("peer/x", "ADVERTISE version 2 is not supported")]
+
+
+async def test_requests_and_answers_the_node_did_not_ask_for() -> None:
+    async with rig() as r:
+        peer = await linked(r)
+        assert isinstance(await peer.request(K.REQUEST, {"id": 1, "what": "sync"}), ev.Ok)
+        unknown = await peer.request(K.REQUEST, {"id": 2, "what": "everything"})
+        assert isinstance(unknown, ev.ErrorAnswer)
+        assert unknown.header["error"] == "state"
+        # Answers to requests the node never made, and a flow it never had, change nothing.
+        await peer.send(K.OK, {"id": 99})
+        await peer.send(K.ERROR, {"id": 98, "error": "state", "message": "no such thing"})
+        await peer.send(K.ERROR, {"error": "state", "message": "asynchronous"})
+        await peer.send(K.FLOW_CLOSED, {"flow": 3, "reason": "gone"})
+        await peer.send(K.PING, {})
+        assert peer.take(K.PONG) == [ev.Pong()]
+        assert isinstance(await peer.request(K.REQUEST, {"id": 3, "what": "sync"}), ev.Ok)
+        assert not peer.ended
+        assert peer.frames == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "header", "payload", "reason"),
+    [
+        (K.PUBLISH, ["a/b"], b"x", "PUBLISH frames are not accepted here"),
+        (K.PUBLISH_BATCH, [["a/b", 1]], b"x", "PUBLISH_BATCH frames are not accepted here"),
+        (
+            K.FLOW_DELIVER,
+            [1, 1, "a/b", None, None, {}],
+            b"x",
+            "FLOW_DELIVER on flow 1, which this side did not bind",
+        ),
+        (K.HELLO, {"version": 1}, b"", "HELLO frames are not accepted here"),
+        (K.WELCOME, {}, b"", "WELCOME frames are not accepted here"),
+        (K.SEND, {"id": 1, "queue": "q"}, b"x", "a SEND over a link names a topic"),
+        (K.DELIVER, ["a/b", None, None, {"hc": -1}], b"x", "hop count must not be negative"),
+    ],
+)
+async def test_what_a_link_must_not_carry_closes_that_connection_alone(
+    kind: FrameKind, header: Any, payload: bytes, reason: str
+) -> None:
+    async with rig() as r:
+        bystander = await linked(r, "bystander")
+        await bystander.request(K.SUBSCRIBE, {"id": 1, "subscription": ">"})
+        session = r.peer("session")
+        assert (await session.login(None, client_name="session"))[0] == K.WELCOME
+        await session.request(K.SUBSCRIBE, {"id": 1, "subscription": ">"})
+        local = r.node.connect(client_name="local")
+        local.subscribe(">")
+
+        offender = r.peer("offender")
+        assert (await offender.login({**LINK, "name": "y"}))[0] == K.WELCOME
+        await offender.send(kind, header, payload)
+        assert offender.ended
+        assert offender.served.is_set()
+        [(name, why)] = r.links.closed
+        assert name == "peer/y"
+        assert reason in why
+        assert r.node.vpn().links.get("peer/y") is None
+        assert local.receive_nowait() is None
+
+        local.publish("after/1", b"still here")
+        await r.clock.settle()
+        assert [m.topic for m in bystander.messages] == ["after/1"]
+        assert [m.topic for m in session.messages] == ["after/1"]
+        assert bystander.welcome is not None
+        assert set(r.node.vpn().sessions) == {bystander.welcome.client_name, "session", "local"}
+        assert r.server.statistics().open == 2
