@@ -706,3 +706,35 @@ async def test_headers_over_the_limits_are_refused_where_a_link_brings_them_in(
         await r.clock.settle()
         assert session.broken is None
         assert [m.topic for m in session.messages] == ["t/after"]
+
+
+async def test_a_link_stops_reading_sends_while_its_spool_is_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    count = 20_000
+    async with rig() as r:
+        r.node.guaranteed.create_queue("slow", subscriptions=["slow/>"])
+        spooled = anyio.Event()
+        spool = r.node.guaranteed.spool_from_link
+
+        async def slow_spool(link: Any, message: Any) -> Any:
+            await spooled.wait()
+            return await spool(link, message)
+
+        monkeypatch.setattr(r.node.guaranteed, "spool_from_link", slow_spool)
+        peer = r.peer("peer")
+        assert (await peer.login())[0] == K.WELCOME
+        frames = [encode_frame(K.SEND, {"id": n, "topic": f"slow/{n}"}, b"x") for n in range(count)]
+
+        async def write() -> None:
+            for frame in frames:
+                await peer.write(frame)
+
+        r.tg.start_soon(write)
+        await r.clock.settle()
+        read = r.server.statistics().bytes_received
+        # The writer waits: the node took only a bounded part of what it was sent.
+        assert read < sum(map(len, frames)) // 2
+        spooled.set()
+        await r.clock.settle()
+        assert len(peer.take(K.OK)) == count
