@@ -10,6 +10,7 @@ carry. ``test_link_fuzz.py`` feeds the node hostile ones.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import anyio
@@ -560,3 +561,25 @@ async def test_answers_are_not_lost_when_a_flow_is_unbound(mode: str) -> None:
             if answered != [1, 2, 3, 4]:
                 lost.append((second, waiting, answered))
     assert lost == []
+
+
+# --- a link is held to what a session is held to ------------------------------------------
+
+
+async def test_a_violation_on_a_link_is_logged_and_counted_as_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="meshbus")
+    async with rig() as r:
+        offender = await linked(r, "offender")
+        await offender.send(K.PUBLISH, ["a/b"], b"x")
+        assert offender.ended
+        warnings = [
+            rec.getMessage()
+            for rec in caplog.records
+            if rec.levelno == logging.WARNING and "offender" in rec.getMessage()
+        ]
+        assert warnings == [
+            "closing connection from offender: PUBLISH frames are not accepted here"
+        ]
+        assert r.server.statistics().failed == 1

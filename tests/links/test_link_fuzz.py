@@ -560,6 +560,11 @@ def check_ending(
     if opened:
         [(_, reason)] = closed
         failed = not reason.startswith((f"reading from {peer.name}:", "peer closed:"))
+        # a violation is logged and counted as for a session; a hang-up is neither
+        assert [ending.getMessage() for ending in endings] == (
+            [f"closing connection from {peer.name}: {reason}"] if failed else []
+        )
+        assert stats.failed - before.failed == int(failed)
     else:  # the login itself failed: logged and counted as for any connection
         [ending] = endings
         reason = str(ending.args[1])  # type: ignore[index]
