@@ -583,3 +583,28 @@ async def test_a_violation_on_a_link_is_logged_and_counted_as_a_failure(
             "closing connection from offender: PUBLISH frames are not accepted here"
         ]
         assert r.server.statistics().failed == 1
+
+
+@pytest.mark.parametrize(
+    ("limits", "filters"),
+    [
+        ({"max_subscriptions": 3}, ["a", "b", "c", "d"]),
+        ({"max_wildcard_levels": 4}, ["a/*/c", "b/>"]),
+    ],
+)
+async def test_a_links_interest_is_held_to_the_limits_of_its_client_profile(
+    limits: dict[str, int], filters: list[str]
+) -> None:
+    async with rig() as r:
+        profile = ClientProfile("default", allow_bridge_connections=True, **limits)
+        r.node.vpn().add_client_profile(profile)
+        peer = await linked(r)
+        answers = [
+            await peer.request(K.SUBSCRIBE, {"id": n, "subscription": f})
+            for n, f in enumerate(filters, start=1)
+        ]
+        assert all(isinstance(answer, ev.Ok) for answer in answers[:-1])
+        refused = answers[-1]
+        assert isinstance(refused, ev.ErrorAnswer)
+        assert refused.header["error"] == "limit-exceeded"
+        assert accepted(r).interest == tuple(filters[:-1])
