@@ -19,7 +19,7 @@ import attrs
 import pytest
 
 from meshbus import AclProfile, ClientProfile, DeliveryMode, LinkState
-from meshbus.errors import ProtocolError
+from meshbus.errors import InvalidTopicError, ProtocolError
 from meshbus.transports import (
     Backoff,
     ConnectionState,
@@ -608,3 +608,28 @@ async def test_a_links_interest_is_held_to_the_limits_of_its_client_profile(
         assert isinstance(refused, ev.ErrorAnswer)
         assert refused.header["error"] == "limit-exceeded"
         assert accepted(r).interest == tuple(filters[:-1])
+
+
+@pytest.mark.parametrize("topic", ["", "a\x00b", "x" * 251, "/".join("x" * 129)])
+@pytest.mark.parametrize("kind", [K.DELIVER, K.SEND])
+async def test_a_message_to_a_topic_no_client_could_publish_to_is_not_taken(
+    topic: str, kind: FrameKind
+) -> None:
+    async with rig() as r:
+        r.node.guaranteed.create_queue("all", subscriptions=[">"])
+        local = r.node.connect(client_name="local")
+        local.subscribe(">")
+        with pytest.raises(InvalidTopicError):
+            local.publish(topic, b"what a client cannot do")
+        peer = await linked(r)
+        if kind == K.DELIVER:
+            await peer.send(K.DELIVER, [topic, "pub", None], b"x")
+            assert accepted(r).statistics().dropped == {"bad_topic": 1}
+        else:
+            await peer.send(K.SEND, {"id": 1, "topic": topic}, b"x")
+            [refused] = peer.answers(1)
+            assert isinstance(refused, ev.ErrorAnswer)
+            assert refused.header["error"] == "invalid-topic"
+        assert not peer.ended
+        assert local.receive_nowait() is None
+        assert queue_depth(r.node, "all") == 0
