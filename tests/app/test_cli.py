@@ -43,6 +43,14 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "ops got plant/boiler/pressure = 2.4 bar" in out
     assert "ops acked guaranteed alarms/boiler = 'pressure high'" in out
     assert "TLS listener: 2 logins; TCP listener refused 1" in out
+    # links: what crosses keeps its sender, headers and origin; a loop delivers once
+    assert "cloud linked to plant over TCP: in-sync, peer node 'plant'" in out
+    assert (
+        "cloud dashboard got telemetry/meter/7 = 42 kWh from 'meter-7' on node 'plant',"
+        " headers {'unit': 'kWh'}"
+    ) in out
+    assert "cloud spooled order '2 chairs'; plant's queue now holds 0" in out
+    assert "copies each reader got: {'reader-a': 1, 'reader-b': 1, 'reader-c': 1}" in out
     # Spark: the bus feeds a streaming query into Parquet, Spark publishes back
     if shutil.which("java") is None:
         assert "skipped: Spark needs Java 17" in out
