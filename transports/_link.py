@@ -217,8 +217,8 @@ class WireLink(Link):
             self._start(self._bind, queue, window)
 
     async def request(self, what: str) -> dict[str, Any]:
-        """Send the peer a REQUEST (``"sync"``: answered once it read everything before;
-        ``"stats"``) and return its answer.
+        """Send the peer a REQUEST (``"sync"``: answered once it read everything before)
+        and return its answer.
 
         :raises StateError: the link is not connected.
         """
