@@ -61,6 +61,7 @@ from ._connection import Connection, unwrap_errors
 from ._dialing import ConnectSettings, Dialer
 from ._framing import FrameKind
 from ._protocol import ConnectionState
+from ._serving import WRITE_THROUGH, WriteThrough
 from ._wire_errors import error_from
 
 if TYPE_CHECKING:
@@ -162,6 +163,11 @@ class WireLink(Link):
         self._hops: list[int] = []
         self._pending_bytes = 0
         self._wake = anyio.Event()
+        self._now = vpn.node.clock.time
+        self._write_through = vpn.node.stash.setdefault(WRITE_THROUGH, WriteThrough())
+        self._writes_nowait = False
+        #: In its node's write-through list already (see :class:`WriteThrough`).
+        self.marked = False
         self._requests: dict[int, _Answer] = {}
         self._next_request = 0
         self._pulled: dict[int, _Pull] = {}
@@ -280,8 +286,34 @@ class WireLink(Link):
         self._pending.append(message)
         self._hops.append(envelope.hop_count)
         self._pending_bytes += message.size
-        self._wake.set()
+        write_through = self._write_through
+        if write_through.active and self._writes_nowait:
+            # A reader is publishing what it read: it writes this at the end of its
+            # read, in one write with the rest, without waking the writer task.
+            if not self.marked:
+                self.marked = True
+                write_through.ready.append(self)
+        else:
+            self._wake.set()
         return True
+
+    def write_ready(self) -> None:
+        """Write what waits for the peer now if the stream takes it without waiting,
+        else leave it to the writer task (see :class:`WriteThrough`)."""
+        connection = self._connection
+        if connection is None or not self._pending:
+            return
+        if not connection.can_flush_nowait():
+            self._wake.set()
+            return
+        messages, hops = self._pending, self._hops
+        self._pending, self._hops, self._pending_bytes = [], [], 0
+        self._encode(connection.protocol.peer_max_frame_size, messages, hops, self._now())
+        connection.flush_nowait()
+
+    def wake_writer(self) -> None:
+        """Let the writer task write what waits."""
+        self._wake.set()
 
     def _wake_writer(self) -> None:
         # Not a bound ``self._wake.set``: the writer makes a new event each round.
@@ -375,6 +407,7 @@ class WireLink(Link):
         """Carry the link over ``connection`` (logged in, in link mode) until it ends;
         return why it ended. Whoever made the connection closes it."""
         self._connection = connection
+        self._writes_nowait = connection.writes_nowait
         self._answers = answers = Answers(connection)
         self._served = ServedFlows(connection, answers)
         self._wake.set()  # what the login queued (an accepting side's WELCOME) goes first
@@ -459,7 +492,8 @@ class WireLink(Link):
     async def _read(self, connection: Connection) -> None:
         protocol = connection.protocol
         receive = self.receive
-        now = self.vpn.node.clock.time
+        now = self._now
+        write_through = self._write_through
         # What came in the same read as the WELCOME (a dialling side) comes first.
         frames, connection.early = connection.early, []
         while protocol.state is ConnectionState.OPEN:
@@ -472,19 +506,27 @@ class WireLink(Link):
                     if protocol.state is ConnectionState.OPEN:
                         raise
                     return
-            for kind, header, payload in frames:
-                if kind == _DELIVER_BATCH:
-                    for message in decode_deliver_batch(header, payload, now()):
+            # What the messages of one read make the node write (to sessions, to other
+            # links) goes out in one write per connection at the end of it.
+            write_through.active = True
+            try:
+                for kind, header, payload in frames:
+                    if kind == _DELIVER_BATCH:
+                        for message in decode_deliver_batch(header, payload, now()):
+                            if not message.options.size or self._within_limits(message):
+                                receive(message)
+                    elif kind == _DELIVER:
+                        message = decode_deliver(header, payload, now())
                         if not message.options.size or self._within_limits(message):
                             receive(message)
-                elif kind == _DELIVER:
-                    message = decode_deliver(header, payload, now())
-                    if not message.options.size or self._within_limits(message):
-                        receive(message)
-                elif kind == _FLOW_DELIVER:
-                    self._arrived(*decode_flow_deliver(header, payload, now()))
-                else:
-                    await self._control(header, payload)
+                    elif kind == _FLOW_DELIVER:
+                        self._arrived(*decode_flow_deliver(header, payload, now()))
+                    else:
+                        write_through.drain()  # before any await: others run meanwhile
+                        await self._control(header, payload)
+                        write_through.active = True
+            finally:
+                write_through.drain()
             frames = []
             if protocol.out:
                 self._wake.set()

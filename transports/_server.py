@@ -39,7 +39,7 @@ from ._compression import ALGORITHMS
 from ._connection import Connection
 from ._link import WireLink
 from ._protocol import LinkProtocol, Role
-from ._serving import ServedSession, WriteThrough
+from ._serving import WRITE_THROUGH, ServedSession, WriteThrough
 from ._settings import ListenerSettings
 from ._streams import map_exceptions
 
@@ -520,8 +520,6 @@ class _LoginSlot:
 SERVERS: StashKey[list[Server]] = StashKey()
 """Where a node keeps its servers (``node.stash``), for statistics."""
 
-WRITE_THROUGH: StashKey[WriteThrough] = StashKey()
-"""The node's :class:`WriteThrough`, shared by its listeners' connections."""
 
 
 def _peer_address(stream: anyio.abc.ByteStream) -> str | None:

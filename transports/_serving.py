@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
 import attrs
 
 from meshbus._messages import Message
+from meshbus._stash import StashKey
 from meshbus._stats import NodeStatistics
 from meshbus.errors import (
     MeshbusError,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
     from ._connection import Connection
 
-__all__ = ["ServedSession", "WriteThrough"]
+__all__ = ["WRITE_THROUGH", "ServedSession", "WriteThrough", "Writer"]
 
 log = logging.getLogger("meshbus.transports")
 
@@ -67,6 +68,17 @@ _BATCH_BYTES = 256 * 1024  # deliveries encoded per write, at most (about)
 _BATCH_MESSAGES = 4096  # and at most this many, so a batch header stays small
 _MAX_PIPELINED_SENDS = 4096  # SEND frames waiting for the sender before reading pauses
 _MAX_PIPELINED_BYTES = 64 * 1024 * 1024  # and their payload bytes, beyond the first one
+
+
+class Writer(Protocol):
+    """What a :class:`WriteThrough` writes for: a served session, a link."""
+
+    marked: bool
+    connection: Connection
+
+    def write_ready(self) -> None: ...
+
+    def wake_writer(self) -> None: ...
 
 
 class WriteThrough:
@@ -84,7 +96,7 @@ class WriteThrough:
 
     def __init__(self) -> None:
         self.active = False
-        self.ready: list[ServedSession] = []
+        self.ready: list[Writer] = []
         #: Writes made this way (a reader writing another connection's deliveries).
         self.writes = 0
 
@@ -99,8 +111,8 @@ class WriteThrough:
                 try:
                     served.write_ready()
                 except Exception:  # a bug there must not end the reader's connection
-                    log.exception("writing deliveries to %s failed", served.connection.peer)
-                    served.session.egress.wake()  # its pump writes them, or fails on its own
+                    log.exception("writing what waits for %r failed", served)
+                    served.wake_writer()  # its writer writes them, or fails on its own
 
 
 class ServedSession:
@@ -391,6 +403,10 @@ class ServedSession:
             self.marked = True
             write_through.ready.append(self)
 
+    def wake_writer(self) -> None:
+        """Let the pump write what waits (when :meth:`write_ready` could not)."""
+        self.session.egress.wake()
+
     def write_ready(self) -> None:
         """Write the waiting deliveries now, without the pump, if the stream takes them
         without waiting; otherwise wake the pump to write them."""
@@ -485,3 +501,7 @@ def _send_options(send: ev.Send) -> dict[str, Any]:
         if wire in send.options:
             options[name] = send.options[wire]
     return options
+
+
+WRITE_THROUGH: StashKey[WriteThrough] = StashKey()
+"""The node's :class:`WriteThrough`, shared by its listeners' connections and its links."""
