@@ -521,7 +521,6 @@ SERVERS: StashKey[list[Server]] = StashKey()
 """Where a node keeps its servers (``node.stash``), for statistics."""
 
 
-
 def _peer_address(stream: anyio.abc.ByteStream) -> str | None:
     """Where a client connects from, as failed logins are counted: its IP address, or
     its /64 network for IPv6 (one host usually has a whole /64 to pick from)."""
