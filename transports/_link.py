@@ -311,6 +311,12 @@ class WireLink(Link):
         self._encode(connection.protocol.peer_max_frame_size, messages, hops, self._now())
         connection.flush_nowait()
 
+    @property
+    def peer(self) -> str:
+        """Who the link's writes are for, in logs."""
+        connection = self._connection
+        return f"link {self.name!r}" + (f" ({connection.peer})" if connection else "")
+
     def wake_writer(self) -> None:
         """Let the writer task write what waits."""
         self._wake.set()

@@ -74,7 +74,11 @@ class Writer(Protocol):
     """What a :class:`WriteThrough` writes for: a served session, a link."""
 
     marked: bool
-    connection: Connection
+
+    @property
+    def peer(self) -> str:
+        """Who the writes are for, in logs."""
+        ...
 
     def write_ready(self) -> None: ...
 
@@ -111,7 +115,7 @@ class WriteThrough:
                 try:
                     served.write_ready()
                 except Exception:  # a bug there must not end the reader's connection
-                    log.exception("writing what waits for %r failed", served)
+                    log.exception("writing deliveries to %s failed", served.peer)
                     served.wake_writer()  # its writer writes them, or fails on its own
 
 
@@ -402,6 +406,11 @@ class ServedSession:
         elif not self.marked:
             self.marked = True
             write_through.ready.append(self)
+
+    @property
+    def peer(self) -> str:
+        """The client's address, in logs."""
+        return self.connection.peer
 
     def wake_writer(self) -> None:
         """Let the pump write what waits (when :meth:`write_ready` could not)."""
