@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 import anyio
 import anyio.to_thread
@@ -27,97 +22,16 @@ from meshbus import AuthenticationError
 from meshbus.app._run import add_parser, main, parse_address, run
 from meshbus.transports import connect
 from meshbus.transports.certs import make_ca, make_server_certificate
+from tests.processes import WAIT, Child
 
-WAIT = 30.0  # seconds any one step may take before the test gives up
 LISTENING = "meshbus run: node {name} listening on "
 
 
-class Command:
+class Command(Child):
     """``python -m meshbus run ARGS`` in ``cwd``, its output read line by line."""
 
     def __init__(self, args: list[str], cwd: Path) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "meshbus", "run", *args],
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stderr is not None
-        self.stdout: queue.Queue[str | None] = queue.Queue()
-        self.stdout_lines: list[str] = []
-        self.stderr_lines: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.process.stdout, self.stdout.put)),
-            threading.Thread(target=self._read, args=(self.process.stderr, self._stderr)),
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    def _stderr(self, line: str | None) -> None:
-        if line is not None:
-            self.stderr_lines.append(line)
-
-    @staticmethod
-    def _read(stream: IO[str], put: Callable[[str | None], object]) -> None:
-        try:
-            for line in stream:
-                put(line.rstrip("\n"))
-        except (OSError, ValueError):  # closed under us when the test gives up
-            pass
-        finally:
-            put(None)
-
-    def next_line(self, deadline: float) -> str | None:
-        """The next line of standard output; ``None`` at its end."""
-        try:
-            line = self.stdout.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise AssertionError(
-                f"no output within {WAIT} s; so far: {self.stdout_lines}, "
-                f"stderr: {self.stderr_lines}"
-            ) from None
-        if line is not None:
-            self.stdout_lines.append(line)
-        return line
-
-    def wait_for(self, prefix: str, count: int = 1) -> list[str]:
-        """Read standard output until ``count`` lines starting with ``prefix`` came."""
-        deadline = time.monotonic() + WAIT
-        found: list[str] = []
-        while len(found) < count:
-            line = self.next_line(deadline)
-            if line is None:
-                raise AssertionError(
-                    f"exited ({self.process.wait(WAIT)}) before {prefix!r}: "
-                    f"stdout {self.stdout_lines}, stderr {self.stderr_lines}"
-                )
-            if line.startswith(prefix):
-                found.append(line)
-        return found
-
-    def finish(self, signum: int | None = None) -> int:
-        """Send ``signum`` (if any), read everything and return the exit status."""
-        if signum is not None:
-            self.process.send_signal(signum)
-        status = self.process.wait(WAIT)
-        deadline = time.monotonic() + WAIT
-        while self.next_line(deadline) is not None:
-            pass
-        for reader in self._readers:
-            reader.join(WAIT)
-        return status
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(WAIT)
-        for stream in (self.process.stdout, self.process.stderr):
-            assert stream is not None
-            stream.close()
-        for reader in self._readers:
-            reader.join(WAIT)
+        super().__init__([sys.executable, "-m", "meshbus", "run", *args], cwd)
 
 
 Start = Callable[[list[str], Path], Command]

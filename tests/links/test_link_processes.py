@@ -12,15 +12,12 @@ never a fixed sleep.
 from __future__ import annotations
 
 import json
-import queue
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -29,10 +26,10 @@ import pytest
 
 from meshbus._node import NODE_ID_FILE
 from meshbus.transports import connect
+from tests.processes import WAIT, Child
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
-WAIT = 30.0  # seconds any one step may take before the test gives up
 LISTENING = "meshbus run: node node-a listening on "
 
 NODE_A = """
@@ -114,106 +111,33 @@ anyio.run(main, sys.argv[1], backend=sys.argv[2])
 '''
 
 
-class Child:
-    """A child process, its standard output read line by line (as ``tests/app/test_run.py``
-    reads ``meshbus run``)."""
+class NodeProcess(Child):
+    """A node in a process of its own, whose output the test reads line by line."""
 
     def __init__(self, args: list[str], cwd: Path) -> None:
-        self.process = subprocess.Popen(
-            args,
-            cwd=cwd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stderr is not None
-        self.stdout: queue.Queue[str | None] = queue.Queue()
-        self.stdout_lines: list[str] = []
-        self.stderr_lines: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.process.stdout, self.stdout.put)),
-            threading.Thread(target=self._read, args=(self.process.stderr, self._stderr)),
-        ]
-        for reader in self._readers:
-            reader.start()
+        super().__init__(args, cwd, stdin=True)  # node B stops when its stdin closes
 
-    def _stderr(self, line: str | None) -> None:
-        if line is not None:
-            self.stderr_lines.append(line)
-
-    @staticmethod
-    def _read(stream: IO[str], put: Callable[[str | None], object]) -> None:
-        try:
-            for line in stream:
-                put(line.rstrip("\n"))
-        except (OSError, ValueError):  # closed under us when the test gives up
-            pass
-        finally:
-            put(None)
-
-    def wait_for(self, prefix: str) -> str:
-        """Read standard output until a line starting with ``prefix``; return the rest."""
-        deadline = time.monotonic() + WAIT
-        while True:
-            try:
-                line = self.stdout.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(
-                    f"no {prefix!r} within {WAIT} s; stdout: {self.stdout_lines}, "
-                    f"stderr: {self.stderr_lines}"
-                ) from None
-            if line is None:
-                raise AssertionError(
-                    f"exited ({self.process.wait(WAIT)}) before {prefix!r}: "
-                    f"stdout {self.stdout_lines}, stderr {self.stderr_lines}"
-                )
-            self.stdout_lines.append(line)
-            if line.startswith(prefix):
-                return line.removeprefix(prefix)
+    def rest(self, prefix: str) -> str:
+        """Read until a line starting with ``prefix``; return the rest of it."""
+        (line,) = self.wait_for(prefix)
+        return line.removeprefix(prefix)
 
     async def line(self, prefix: str) -> str:
-        return await anyio.to_thread.run_sync(self.wait_for, prefix)
+        return await anyio.to_thread.run_sync(self.rest, prefix)
 
     async def message(self, kind: str) -> dict[str, Any]:
         """The next message node B printed as ``kind`` (``direct`` or ``guaranteed``)."""
         fields: dict[str, Any] = json.loads(await self.line(f"{kind} "))
         return fields
 
-    def finish(self, signum: int | None = None) -> int:
-        """Send ``signum`` (``meshbus run`` stops on SIGTERM), else close standard input
-        (node B stops on that); wait and return the exit status."""
-        assert self.process.stdin is not None
-        if signum is None:
-            self.process.stdin.close()
-        else:
-            self.process.send_signal(signum)
-        status = self.process.wait(WAIT)
-        for reader in self._readers:
-            reader.join(WAIT)
-        while (line := self.stdout.get_nowait()) is not None:  # what was not waited for
-            self.stdout_lines.append(line)
-        return status
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(WAIT)
-        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
-        for reader in self._readers:
-            reader.join(WAIT)
-
 
 @pytest.fixture
-def children() -> Iterator[Callable[[list[str], Path], Child]]:
+def children() -> Iterator[Callable[[list[str], Path], NodeProcess]]:
     """Start processes with ``children(args, cwd)``; each is killed if still running."""
-    started: list[Child] = []
+    started: list[NodeProcess] = []
 
-    def start(args: list[str], cwd: Path) -> Child:
-        started.append(Child(args, cwd))
+    def start(args: list[str], cwd: Path) -> NodeProcess:
+        started.append(NodeProcess(args, cwd))
         return started[-1]
 
     yield start
@@ -222,7 +146,7 @@ def children() -> Iterator[Callable[[list[str], Path], Child]]:
 
 
 async def test_a_subscription_on_b_attracts_a_publish_on_a_across_processes(
-    children: Callable[[list[str], Path], Child], tmp_path: Path, anyio_backend: str
+    children: Callable[[list[str], Path], NodeProcess], tmp_path: Path, anyio_backend: str
 ) -> None:
     (tmp_path / "node-a.toml").write_text(NODE_A, encoding="utf-8")
     a = children(
