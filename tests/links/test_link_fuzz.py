@@ -33,6 +33,7 @@ from meshbus import HEADER_LIMITS, PublishRejectedError, Session
 from meshbus.transports import FrameKind, encode_frame
 from meshbus.transports import _events as ev
 from meshbus.transports._framing import HEADER_DEPTH_LIMIT
+from tests.fuzzing import mutate, nested_json
 
 from .raw_peer import LINK, LISTENER, Peer, Rig, accepted, queue_depth, rig
 
@@ -260,25 +261,6 @@ def forbidden(draw: st.DrawFn) -> Attack:
     return Attack(before + frame + after, cuts=draw(cuts), fails=True, reason=re.escape(reason))
 
 
-def mutate(data: bytes, draw: st.DrawFn) -> bytes:
-    """``data`` with one to three flips, insertions, deletions or a truncation."""
-    out = bytearray(data)
-    for _ in range(draw(st.integers(min_value=1, max_value=3))):
-        op = draw(st.sampled_from(["flip", "insert", "delete", "truncate", "set"]))
-        at = draw(st.integers(min_value=0, max_value=max(len(out) - 1, 0)))
-        if op == "flip" and out:
-            out[at] ^= 1 << draw(st.integers(min_value=0, max_value=7))
-        elif op == "set" and out:
-            out[at] = draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF, ord("["), ord('"')]))
-        elif op == "insert":
-            out[at:at] = draw(st.binary(min_size=1, max_size=8))
-        elif op == "delete":
-            del out[at : at + draw(st.integers(min_value=1, max_value=8))]
-        else:
-            del out[at:]
-    return bytes(out)
-
-
 def link_hello(link: Any = LINK, **fields: Any) -> bytes:
     return encode_frame(K.HELLO, {"version": 1, "link": link, **fields})
 
@@ -400,13 +382,6 @@ def hostile_hellos(draw: st.DrawFn) -> Attack:
     if draw(st.booleans()):
         body += draw(frame_runs(2))[0]
     return Attack(body, login=False, cuts=draw(cuts))
-
-
-def nested_json(kinds: list[bool], inner: bytes) -> bytes:
-    """JSON text nesting ``inner`` in arrays (True) and objects (False), outermost first."""
-    opening = b"".join(b"[" if is_array else b'{"k":' for is_array in kinds)
-    closing = b"".join(b"]" if is_array else b"}" for is_array in reversed(kinds))
-    return opening + inner + closing
 
 
 #: Frames that carry message headers (or other free-form values), with a hole for them.

@@ -54,6 +54,7 @@ from meshbus.transports import _events as ev
 from meshbus.transports._codec import decode_deliver_batch, options_to_wire
 from meshbus.transports._compression import Compressor
 from meshbus.transports._framing import HEADER_DEPTH_LIMIT
+from tests.fuzzing import mutate, nested_json
 
 K = FrameKind
 MAX_FRAME = 64 * 1024
@@ -221,25 +222,6 @@ hellos = st.fixed_dictionaries(
 )
 
 
-def mutate(data: bytes, draw: st.DrawFn) -> bytes:
-    """``data`` with one to three flips, insertions, deletions or a truncation."""
-    out = bytearray(data)
-    for _ in range(draw(st.integers(min_value=1, max_value=3))):
-        op = draw(st.sampled_from(["flip", "insert", "delete", "truncate", "set"]))
-        at = draw(st.integers(min_value=0, max_value=max(len(out) - 1, 0)))
-        if op == "flip" and out:
-            out[at] ^= 1 << draw(st.integers(min_value=0, max_value=7))
-        elif op == "set" and out:
-            out[at] = draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF, ord("["), ord('"')]))
-        elif op == "insert":
-            out[at:at] = draw(st.binary(min_size=1, max_size=8))
-        elif op == "delete":
-            del out[at : at + draw(st.integers(min_value=1, max_value=8))]
-        else:
-            del out[at:]
-    return bytes(out)
-
-
 @st.composite
 def random_bytes(draw: st.DrawFn) -> Attack:
     """Pure noise, or noise behind a plausible frame prefix, from the first byte."""
@@ -356,14 +338,6 @@ def compressed_bombs(draw: st.DrawFn) -> Attack:
         at = draw(st.integers(min_value=0, max_value=min(len(body) - 1, 4096)))
         body = body[:at] + bytes([body[at] ^ draw(st.integers(1, 255))]) + body[at + 1 :]
     return Attack(body, hello, True, draw(cuts))
-
-
-def nested_json(kinds: list[bool], inner: bytes) -> bytes:
-    """JSON text nesting ``inner`` in arrays (True) and objects (False), outermost first.
-    Made as text: orjson refuses to write more than 254 levels, but reads 1024."""
-    opening = b"".join(b"[" if is_array else b'{"k":' for is_array in kinds)
-    closing = b"".join(b"]" if is_array else b"}" for is_array in reversed(kinds))
-    return opening + inner + closing
 
 
 @st.composite
