@@ -79,7 +79,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib.metadata
 import os
 import platform
 import signal
@@ -99,7 +98,16 @@ import attrs
 from _clusters import Setup, mosquitto_bridge, mosquitto_single, nats_route, nats_single, nothing
 from _harness import verdict
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError
-from transport import RoundTrips, Throughput, publish_timeout, rtt_timeout
+from transport import (
+    RoundTrips,
+    Throughput,
+    _version,
+    failure,
+    publish_timeout,
+    ratio,
+    rtt_timeout,
+    say,
+)
 
 from meshbus import ClientProfile, Link, LinkState, Node, Vpn
 from meshbus.transports import (
@@ -119,25 +127,6 @@ WANTS = ("bench/>",)  # what each side of a meshbus link asks the other for
 MEMORY_HOP_US = 20.0
 TCP_HOP_US = 120.0
 MIN_THROUGHPUT_RATIO = 0.85
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b > 0 else "n/a"
-
-
-def failure(exc: BaseException) -> str:
-    return f"failed ({type(exc).__name__}: {exc})"
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 # --- meshbus pieces shared by the memory phase and the node role --------------------------
