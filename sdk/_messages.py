@@ -5,8 +5,11 @@ so it must never change after creation. Making it a true ``attrs`` frozen class
 would enforce that at run time, but a frozen init costs 0.6-1.0 µs here against
 0.16 µs for a slotted class, which is more than the rest of a publish. So the
 class is frozen for type checkers (assignments are type errors) and slotted at
-run time; per-delivery variations (the discard indication, the redelivered
-flag) are made with :meth:`Message.evolve` on the rare paths that need them.
+run time. :class:`MessageOptions` is made the same way, because a message that
+crosses a link gets options of its own (its origin), and a frozen init of their
+thirteen fields cost more than the rest of the hop. Per-delivery variations (the
+discard indication, the redelivered flag) are made with :meth:`Message.evolve` on the
+rare paths that need them.
 
 Per-hop mutable state (hop count, the link a message came in on) lives in the
 internal :class:`Envelope`, never in the message.
@@ -57,7 +60,15 @@ class DeliveryMode(enum.Enum):
 _EMPTY_HEADERS: Mapping[str, Any] = {}
 
 
-@attrs.frozen
+if TYPE_CHECKING:
+    from attrs import frozen as _value
+else:
+
+    def _value(**options: Any) -> Any:
+        return attrs.define(slots=True, weakref_slot=False, **options)
+
+
+@_value()
 class MessageOptions:
     """The settings of a message that publishers rarely change, shared between messages.
 
@@ -302,14 +313,6 @@ def _too_deep(headers: object, limits: HeaderLimits) -> PublishRejectedError:
         limits.max_depth,
         depth if depth <= 1024 else None,
     )
-
-
-if TYPE_CHECKING:
-    from attrs import frozen as _value
-else:
-
-    def _value(**options: Any) -> Any:
-        return attrs.define(slots=True, weakref_slot=False, **options)
 
 
 @_value(init=False, repr=False)
