@@ -73,6 +73,8 @@ _FLOW_DELIVER = FrameKind.FLOW_DELIVER
 _PUBLISH_BATCH = FrameKind.PUBLISH_BATCH
 _DELIVER_BATCH = FrameKind.DELIVER_BATCH
 _MODES = {mode.value: mode for mode in DeliveryMode}
+_DIRECT = DeliveryMode.DIRECT
+_NO_HEADERS = DEFAULT_OPTIONS.headers
 
 
 _UNLIMITED = 2**32 - 1  # what a frame's length field holds
@@ -477,6 +479,40 @@ def _link_entry(message: Message, hop_count: int, now: float | None) -> tuple[An
     return (message.topic, message.sender, message.timestamp, len(message.payload), wire)
 
 
+def _origin_only(wire: Any) -> MessageOptions | None:
+    """The options of what a link mostly carries, a plain message that only has an
+    origin and perhaps a hop count, made without :func:`options_from_wire`'s checks of
+    every other key; ``None`` for any other options (those go the general way)."""
+    if type(wire) is not dict:
+        return None
+    origin = wire.get("o")
+    n = len(wire)
+    if type(origin) is not list or n > 2:
+        return None
+    hop_count = 0
+    if n == 2:
+        hop_count = wire.get("hc")
+        if type(hop_count) is not int or hop_count < 0:
+            return None  # absent or bad: the general way finds which, and says so
+    if len(origin) != 2 or type(origin[0]) is not str or type(origin[1]) is not int:
+        return None
+    return MessageOptions(
+        _DIRECT,
+        _NO_HEADERS,
+        False,
+        None,
+        None,
+        False,
+        False,
+        None,
+        None,
+        (origin[0], origin[1]),
+        hop_count,
+        None,
+        0,
+    )
+
+
 def decode_deliver_batch(
     header: list[Any], payload: bytes, now: float | None = None
 ) -> list[Message]:
@@ -494,10 +530,12 @@ def decode_deliver_batch(
             options = DEFAULT_OPTIONS
         elif n == 5:
             topic, sender, timestamp, size, wire = item
-            options = options_from_wire(wire, None, now)
-            for value in wire.values():  # only a container calls: most hold none
-                if type(value) is dict or type(value) is list:
-                    _check_nesting(value)
+            options = _origin_only(wire)
+            if options is None:
+                options = options_from_wire(wire, None, now)
+                for value in wire.values():  # only a container calls: most hold none
+                    if type(value) is dict or type(value) is list:
+                        _check_nesting(value)
         else:
             raise ProtocolError(f"DELIVER_BATCH entry has {n} items, not 4 or 5")
         if type(size) is not int or size < 0 or offset + size > total:

@@ -380,6 +380,14 @@ def test_bad_deliver_headers(header: list[Any], match: str) -> None:
         ({"o": ["n1"]}, "message origin must be"),
         ({"o": ["n1", "7"]}, "message origin must be"),
         ({"o": [1, 7]}, "message origin must be"),
+        ({"o": ["n1", True]}, "message origin must be"),
+        ({"o": ["n1", 7, 8]}, "message origin must be"),
+        # An origin and a hop count is what links mostly carry: a quicker path decodes it.
+        ({"o": ["n1", 7], "hc": -1}, "message hop count must not be negative"),
+        ({"o": ["n1", 7], "hc": True}, "message hop count has the wrong type"),
+        ({"o": ["n1", 7], "hc": 1.0}, r"message hop count has the wrong type \(float\)"),
+        ({"o": ["n1", "7"], "hc": 1}, "message origin must be"),
+        ({"o": ["n1", 7], "e": 1}, "message eliding flag has the wrong type"),
         ({"hc": "1"}, r"message hop count has the wrong type \(str\)"),
         ({"hc": True}, "message hop count has the wrong type"),
         ({"hc": -1}, "message hop count must not be negative"),
@@ -395,6 +403,19 @@ def test_bad_options(wire: dict[str, Any], match: str) -> None:
         decode_deliver(["t", "s", 1.0, wire], b"")
     with pytest.raises(ProtocolError, match=match):
         decode_flow_deliver([1, 2, "t", "s", 1.0, wire], b"")
+    with pytest.raises(ProtocolError, match=match):
+        decode_deliver_batch([["t", "s", 1.0, 0, wire]], b"")
+
+
+@pytest.mark.parametrize(
+    "wire", [{"o": ["n1", 7]}, {"o": ["n1", 7], "hc": 0}, {"o": ["n1", 7], "hc": 3}]
+)
+def test_a_batch_decodes_an_origin_and_hop_count_as_options_from_wire_does(
+    wire: dict[str, Any],
+) -> None:
+    (message,) = decode_deliver_batch([["t", "s", 1.0, 1, wire]], b"x")
+    assert message.options == options_from_wire(wire)
+    assert message.size == 1
 
 
 @pytest.mark.parametrize("wire", [None, [], "x", 1, True])
