@@ -163,6 +163,7 @@ class WireLink(Link):
         self._hops: list[int] = []
         self._pending_bytes = 0
         self._wake = anyio.Event()
+        self._woken = False  # send() set the event this writer round
         self._now = vpn.node.clock.time
         self._write_through = vpn.node.stash.setdefault(WRITE_THROUGH, WriteThrough())
         self._writes_nowait = False
@@ -293,7 +294,10 @@ class WireLink(Link):
             if not self.marked:
                 self.marked = True
                 write_through.ready.append(self)
-        else:
+        elif not self._woken:
+            # Once per writer round, not per message: setting the event costs more
+            # than the rest of a send.
+            self._woken = True
             self._wake.set()
         return True
 
@@ -477,6 +481,7 @@ class WireLink(Link):
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
+            self._woken = False
             if self._pending:
                 messages, hops = self._pending, self._hops
                 self._pending, self._hops, self._pending_bytes = [], [], 0
