@@ -34,6 +34,7 @@ import attrs
 
 from ._index import SubscriptionIndex
 from ._messages import Envelope, Message, MessageOptions
+from ._stash import Stash
 from ._topics import parse_subscription, validate_topic, wildcard_levels
 from .errors import (
     AccessDeniedError,
@@ -287,6 +288,9 @@ class Link(ABC):
         self.received = 0
         self.receive_failures = 0
         self.dropped: dict[str, int] = {}
+        #: Plugins' settings and state for this link (set what a stage reads before
+        #: the link is attached: its stages are made then).
+        self.stash = Stash()
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

@@ -16,7 +16,7 @@ class StashKey(Generic[T]):
 
 
 class Stash:
-    """Plugin state attached to a node, VPN or session, keyed by :class:`StashKey`."""
+    """Plugin state attached to a node, VPN, session or link, keyed by :class:`StashKey`."""
 
     __slots__ = ("_data",)
 
