@@ -31,7 +31,7 @@ from .errors import AuthenticationError, ConfigurationError, StateError
 
 __all__ = ["DEFAULT_PLUGINS", "Node"]
 
-DEFAULT_PLUGINS: tuple[str, ...] = ("direct", "shared", "eliding", "guaranteed")
+DEFAULT_PLUGINS: tuple[str, ...] = ("direct", "shared", "eliding", "guaranteed", "hopcount")
 """Entry-point names loaded when ``Node(plugins=None)``."""
 
 

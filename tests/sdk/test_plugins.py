@@ -108,7 +108,7 @@ class ExtraArgument:
 
 
 def test_default_plugins_are_the_builtin_entry_points() -> None:
-    assert DEFAULT_PLUGINS == ("direct", "shared", "eliding", "guaranteed")
+    assert DEFAULT_PLUGINS == ("direct", "shared", "eliding", "guaranteed", "hopcount")
     assert set(DEFAULT_PLUGINS) <= set(available_plugins())
     assert Node().plugins.names() == list(DEFAULT_PLUGINS)
     assert Node(plugins=None).plugins.get("direct") is direct_plugin

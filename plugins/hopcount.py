@@ -1,0 +1,137 @@
+"""Plugin ``hopcount``: hop-count loop prevention on bridges (SPEC 9).
+
+A message's hop count (:attr:`~meshbus.Message.hop_count`, carried on the wire) says
+how many bridges it crossed. This plugin gives every link of kind ``"bridge"`` two
+stages:
+
+* going out, the message's count goes up by one; above the limit it is dropped;
+* coming in, a message whose count is above the limit is dropped (a peer that does
+  not count, or counts with a higher limit, cannot bring a loop in).
+
+Both drops are counted under ``hop_limit``, on the link (its statistics) and in total
+for the node (:func:`dropped`). With the default limit of 1 a message crosses one
+bridge and no more, so a two-way pair of ``>`` bridges delivers no duplicate; with a
+larger limit a bounded number of duplicates, never a loop. Origin de-duplication (in
+the core, SPEC 7) is what makes any graph of bridges deliver each message once.
+
+The limit is the node's (:func:`configure`, or ``[hopcount]`` in the configuration
+file), or a link's own: put a :class:`HopCountSettings` in ``link.stash[SETTINGS]``
+before the link is attached (a bridge does that from its ``hop_count_limit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from meshbus import (
+    ConfigContext,
+    ConfigReader,
+    ConfigSection,
+    ConfigSections,
+    Envelope,
+    Link,
+    LinkPipeline,
+    Node,
+    StashKey,
+    hookimpl,
+)
+
+__all__ = ["KINDS", "REASON", "SETTINGS", "HopCountSettings", "configure", "dropped"]
+
+#: The kinds of link whose messages are counted.
+KINDS = frozenset({"bridge"})
+#: What a drop is counted under.
+REASON = "hop_limit"
+
+
+def _limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"hop_count_limit must be an int >= 1, got {value!r}")
+
+
+@attrs.frozen
+class HopCountSettings:
+    """How bridges count hops (SPEC 9)."""
+
+    enabled: bool = True
+    """Count hops and drop above the limit (``False``: the stages are left out)."""
+    hop_count_limit: int = attrs.field(default=1, validator=_limit)
+    """The most bridges a message may cross."""
+
+
+class _Counter:
+    __slots__ = ("dropped",)
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+
+#: The settings: the node's in ``node.stash``, a link's own in ``link.stash``.
+SETTINGS = StashKey[HopCountSettings]()
+_DROPPED = StashKey[_Counter]()
+
+
+def configure(node: Node, settings: HopCountSettings) -> None:
+    """Use ``settings`` for the node's bridges attached from now on."""
+    node.stash[SETTINGS] = settings
+
+
+def dropped(node: Node) -> int:
+    """Messages the node's bridges dropped for their hop count, in total."""
+    return node.stash.get(_DROPPED, _Counter()).dropped
+
+
+@hookimpl
+def meshbus_link_pipeline(link: Link, pipeline: LinkPipeline) -> None:
+    if link.kind not in KINDS:
+        return
+    node = link.vpn.node
+    settings = link.stash.get(SETTINGS, node.stash.get(SETTINGS, HopCountSettings()))
+    if not settings.enabled:
+        return
+    limit = settings.hop_count_limit
+    counter = node.stash.get(_DROPPED, None)
+    if counter is None:
+        counter = node.stash[_DROPPED] = _Counter()
+
+    def count_out(envelope: Envelope) -> bool:
+        hops = envelope.hop_count + 1
+        envelope.hop_count = hops
+        if hops > limit:
+            counter.dropped += 1
+            return False
+        return True
+
+    def check_in(envelope: Envelope) -> bool:
+        if envelope.message.options.hop_count > limit:
+            counter.dropped += 1
+            return False
+        return True
+
+    pipeline.add_egress("hopcount", count_out, reason=REASON)
+    pipeline.add_ingress("hopcount", check_in, reason=REASON)
+
+
+def _read(
+    reader: ConfigReader, raw: object, path: str, context: ConfigContext
+) -> HopCountSettings | None:
+    table = reader.table(raw, path)
+    if table is None:
+        return None
+    return reader.attrs_value(HopCountSettings, table, path)
+
+
+@hookimpl
+def meshbus_config_sections(sections: ConfigSections) -> None:
+    sections.add(
+        ConfigSection(
+            "hopcount",
+            "node",
+            _read,
+            configure=configure,
+            summary="how bridges count hops: enabled, hop_count_limit",
+        ),
+        plugin="hopcount",
+    )
