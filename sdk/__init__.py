@@ -20,6 +20,7 @@ from ._links import (
     OriginFilter,
     Stage,
 )
+from ._local_link import LocalLink
 from ._logins import LoginGuard
 from ._messages import (
     HEADER_LIMITS,
@@ -28,6 +29,7 @@ from ._messages import (
     HeaderLimits,
     Message,
     MessageOptions,
+    make_message,
 )
 from ._node import DEFAULT_PLUGINS, Node
 from ._pipeline import Pipeline, Router
@@ -105,6 +107,7 @@ __all__ = [
     "LinkRouter",
     "LinkState",
     "LinkStatistics",
+    "LocalLink",
     "LoginGuard",
     "ManualClock",
     "MeshbusError",
@@ -143,6 +146,7 @@ __all__ = [
     "hash_password",
     "hookimpl",
     "hookspec",
+    "make_message",
     "parse_endpoint_subscription",
     "parse_subscription",
     "validate_topic",

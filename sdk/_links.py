@@ -134,7 +134,8 @@ class LinkPipeline:
         """Add a stage for messages going out over the link.
 
         :param name: unique among the link's egress stages (a plugin's name is a good choice).
-        :param reason: what a drop is counted as (default: ``name``).
+        :param reason: what a drop is counted as (default: ``name``); ``""``: the stage
+            counts its own drops, under reasons of its choosing (:meth:`Link.count_drop`).
         """
         self._add(self._egress, name, stage, reason)
 
@@ -150,7 +151,7 @@ class LinkPipeline:
             raise PluginError(f"a link stage named {name!r} is already in the pipeline", name)
         if not callable(stage):
             raise PluginError(f"link stage {name!r} is not callable: {stage!r}", name)
-        stages[name] = (stage, reason or name)
+        stages[name] = (stage, name if reason is None else reason)
 
     @property
     def egress(self) -> tuple[str, ...]:
@@ -288,8 +289,7 @@ class Link(ABC):
         self.received = 0
         self.receive_failures = 0
         self.dropped: dict[str, int] = {}
-        #: Plugins' settings and state for this link (set what a stage reads before
-        #: the link is attached: its stages are made then).
+        # Plugins' settings and state for this link (documented in the API reference).
         self.stash = Stash()
 
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -309,6 +309,9 @@ class Link(ABC):
 
         The envelope is reused after the call: keep what is needed, not the envelope.
         """
+
+    def attached_to_vpn(self) -> None:  # noqa: B027 (a hook: doing nothing is the default)
+        """Called once the link joined its VPN (a subclass may come up here)."""
 
     # --- state --------------------------------------------------------------------------
 
@@ -438,7 +441,8 @@ class Link(ABC):
         """Run the egress stages, then :meth:`send`; return whether it was sent."""
         for stage, reason in self._egress:
             if not stage(envelope):
-                self.dropped[reason] = self.dropped.get(reason, 0) + 1
+                if reason:
+                    self.dropped[reason] = self.dropped.get(reason, 0) + 1
                 return False
         if self.send(envelope):
             self.forwarded += 1
@@ -457,7 +461,8 @@ class Link(ABC):
                 return False
         for stage, reason in self._ingress:
             if not stage(envelope):
-                self.dropped[reason] = self.dropped.get(reason, 0) + 1
+                if reason:
+                    self.dropped[reason] = self.dropped.get(reason, 0) + 1
                 return False
         topic = envelope.message.topic
         if topic not in self._admitted:
@@ -582,6 +587,7 @@ class LinkRouter:
         link.attached = True
         for topic_filter in link._interest:
             self._add(topic_filter, link)
+        link.attached_to_vpn()
 
     def detach(self, link: Link) -> None:
         """Remove ``link`` from the VPN for good (its state becomes ``disabled``)."""
