@@ -31,7 +31,14 @@ from .errors import AuthenticationError, ConfigurationError, StateError
 
 __all__ = ["DEFAULT_PLUGINS", "Node"]
 
-DEFAULT_PLUGINS: tuple[str, ...] = ("direct", "shared", "eliding", "guaranteed", "hopcount")
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "direct",
+    "shared",
+    "eliding",
+    "guaranteed",
+    "hopcount",
+    "bridge",
+)
 """Entry-point names loaded when ``Node(plugins=None)``."""
 
 

@@ -1,6 +1,27 @@
-"""Plugin ``bridge``: Message VPN bridges (SPEC 7). Under construction: so far, topic
-mapping (:class:`TopicMapper`), which the bridge's links apply in each direction."""
+"""Plugin ``bridge``: Message VPN bridges (SPEC 7).
 
+Built so far: bridges opened from Python (:func:`open_bridge`) that carry direct
+messages between a VPN of this node and a VPN of another node (over a
+:class:`~meshbus.transports.WireLink`) or of this node (over a
+:class:`~meshbus.LocalLink`), with remote subscriptions changeable while running,
+topic mapping in both directions (:class:`TopicMapper`), hop counting and origin
+de-duplication. Not built yet: the ``[[vpns.NAME.bridges]]`` configuration table,
+guaranteed flows bound to remote queues, sharing one connection between the two
+bridges of a pair, fail-back, and the bridge's own metrics.
+"""
+
+from ._bridge import BRIDGE, Bridge, BridgeSettings, open_bridge
 from ._mapping import EXCLUDED, NO_MATCH, TOO_SHORT, Mapped, TopicMapper, TopicMapping
 
-__all__ = ["EXCLUDED", "NO_MATCH", "TOO_SHORT", "Mapped", "TopicMapper", "TopicMapping"]
+__all__ = [
+    "BRIDGE",
+    "EXCLUDED",
+    "NO_MATCH",
+    "TOO_SHORT",
+    "Bridge",
+    "BridgeSettings",
+    "Mapped",
+    "TopicMapper",
+    "TopicMapping",
+    "open_bridge",
+]

@@ -33,9 +33,14 @@ from typing import Literal
 
 import attrs
 
-from meshbus import SubscriptionIndex, TopicLimits
-from meshbus._topics import DEFAULT_LIMITS, filter_matches, parse_subscription
-from meshbus.errors import ConfigurationError, InvalidTopicError
+from meshbus import (
+    ConfigurationError,
+    InvalidTopicError,
+    SubscriptionIndex,
+    TopicLimits,
+    filter_matches,
+    parse_subscription,
+)
 
 __all__ = [
     "EXCLUDED",
@@ -47,6 +52,7 @@ __all__ = [
 ]
 
 Mode = Literal["PUB", "SUB"]
+_DEFAULT_LIMITS = TopicLimits()
 
 
 @attrs.frozen
@@ -253,7 +259,7 @@ class TopicMapper:
         mappings: Iterable[TopicMapping],
         variables: Mapping[str, str] | None = None,
         *,
-        limits: TopicLimits = DEFAULT_LIMITS,
+        limits: TopicLimits = _DEFAULT_LIMITS,
     ) -> None:
         variables = dict(variables or {})
         errors: list[str] = []

@@ -293,10 +293,10 @@ def test_unknown_plugin(problems: Problems) -> None:
     """
     assert problems(text) == [
         "edge.toml: node.plugins[1]: unknown plugin 'guaranted' (did you mean 'guaranteed'?); "
-        "installed: direct, eliding, guaranteed, hopcount, shared",
+        "installed: bridge, direct, eliding, guaranteed, hopcount, shared",
         "edge.toml: node.plugins[2]: plugin 'direct' is listed twice",
         "edge.toml: node.block[0]: unknown plugin 'elidng' (did you mean 'eliding'?); "
-        "installed: direct, eliding, guaranteed, hopcount, shared",
+        "installed: bridge, direct, eliding, guaranteed, hopcount, shared",
         "edge.toml: node.block[1]: plugin 'direct' is also in node.plugins: keep one",
         "edge.toml: vpns.default.queues: queues need the 'guaranteed' plugin, which is not "
         "loaded (see node.plugins and node.block)",

@@ -1,0 +1,298 @@
+"""A bridge: one VPN of this node joined to a VPN elsewhere, with topic mapping (SPEC 7).
+
+:func:`open_bridge` makes one from :class:`BridgeSettings`. Its link is a
+:class:`~meshbus.transports.WireLink` that dials the remotes in connect order, or,
+without remotes, a :class:`~meshbus.LocalLink` pair to another VPN of the same node.
+What crosses, and under what name:
+
+* **SUB** (remote to local): the bridge's ``subscriptions`` and the filters of its
+  ``SUB`` mappings are asked of the remote VPN; what comes in goes through the SUB
+  mappings (the first that matches renames or excludes it; a plain subscription
+  keeps the topic).
+* **PUB** (local to remote): the filters of the ``PUB`` mappings attract local
+  messages, which go out under their mapped names.
+
+A message a mapping stops is counted on the link (``excluded``,
+``topic_too_short``). The bridge's link counts hops (plugin ``hopcount``, with the
+bridge's ``hop_count_limit``) and de-duplicates by origin unless told not to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from meshbus import (
+    ConfigurationError,
+    Envelope,
+    Link,
+    LinkPipeline,
+    LinkState,
+    LocalLink,
+    StashKey,
+    Vpn,
+    make_message,
+)
+from meshbus.plugins.hopcount import SETTINGS as HOP_SETTINGS
+from meshbus.plugins.hopcount import HopCountSettings
+from meshbus.transports import Backoff, ConnectSettings, TlsSettings, WireLink
+
+from ._mapping import NO_MATCH, Mapped, TopicMapper, TopicMapping
+
+__all__ = ["Bridge", "BridgeSettings", "open_bridge"]
+
+
+def _name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value or "/" in value:
+        raise ValueError(f"a bridge needs a name without '/', got {value!r}")
+
+
+def _hop_limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"must be an int >= 1, got {value!r}")
+
+
+@attrs.frozen
+class BridgeSettings:
+    """What a bridge joins and what crosses it (SPEC 7)."""
+
+    name: str = attrs.field(validator=_name)
+    """Unique among the VPN's bridges; also ``${bridge.name}`` in mappings."""
+    remote_vpn: str = "default"
+    """The VPN at the other end."""
+    remotes: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
+    """Where the remote node is, tried in connect order: URLs (``tcp://host:port``,
+    ``tls://...``) or connectables (a :class:`~meshbus.transports.MemoryNetwork`'s);
+    none: ``remote_vpn`` is a VPN of this node, joined in-process."""
+    username: str | None = None
+    """Who the bridge logs in as (its client profile must allow bridge connections)."""
+    password: str | None = attrs.field(default=None, repr=False)
+    """Its password (basic authentication)."""
+    tls: TlsSettings | None = None
+    """TLS settings for ``tls://`` remotes (a client certificate authenticates)."""
+    compression: bool = False
+    """Compress the connection."""
+    subscriptions: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Filters asked of the remote VPN whose messages cross under their own topics."""
+    topics: tuple[TopicMapping, ...] = attrs.field(default=(), converter=tuple)
+    """Topic mappings, both directions (each says its ``mode``)."""
+    variables: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    """Values for ``${name}`` in destination templates (``bridge.name`` is given)."""
+    loop_prevention: bool = True
+    """Count hops and drop a message above ``hop_count_limit`` (SPEC 9)."""
+    hop_count_limit: int = attrs.field(default=1, validator=_hop_limit)
+    """The most bridges a message may cross."""
+    dedup: bool = True
+    """Drop a message whose origin the VPN saw within the origin window (SPEC 7)."""
+    backoff: Backoff | None = None
+    """Delays between reconnects (default: 1 s doubling to 2 min, with jitter)."""
+
+
+class Bridge:
+    """A running bridge: its link, its mappings and their counters.
+
+    Made by :func:`open_bridge`; read :attr:`state`, wait with :meth:`wait_for`,
+    change the remote subscriptions while it runs, :meth:`stop` it.
+    """
+
+    def __init__(self, vpn: Vpn, settings: BridgeSettings) -> None:
+        self.vpn = vpn
+        self.settings = settings
+        variables = {**settings.variables, "bridge.name": settings.name}
+        self._variables = variables
+        self._subscriptions: dict[str, None] = dict.fromkeys(settings.subscriptions)
+        problems = []
+        for mode in ("PUB", "SUB"):
+            try:
+                TopicMapper(
+                    [m for m in settings.topics if m.mode == mode],
+                    variables,
+                    limits=vpn.topic_limits,
+                )
+            except ConfigurationError as exc:
+                problems.append(str(exc))
+        if any(m.mode not in ("PUB", "SUB") for m in settings.topics):
+            problems.append("a topic mapping's mode must be 'PUB' or 'SUB'")
+        if problems:
+            raise ConfigurationError(f"bridge {settings.name!r}: " + "\n".join(problems))
+        self.pub = TopicMapper(
+            [m for m in settings.topics if m.mode == "PUB"], variables, limits=vpn.topic_limits
+        )
+        self.sub = self._sub_mapper()
+        #: Its link: a WireLink to the remote node, or this end of a LocalLink pair.
+        self.link: Link
+        self._far: LocalLink | None = None
+
+    def _sub_mapper(self) -> TopicMapper:
+        mappings = [m for m in self.settings.topics if m.mode == "SUB"]
+        mappings += [TopicMapping(f) for f in self._subscriptions]
+        return TopicMapper(mappings, self._variables, limits=self.vpn.topic_limits)
+
+    # --- what the bridge asks of the remote ------------------------------------------
+
+    @property
+    def wants(self) -> tuple[str, ...]:
+        """Every filter asked of the remote VPN: the SUB mappings' and the subscriptions."""
+        return self.sub.filters
+
+    @property
+    def subscriptions(self) -> tuple[str, ...]:
+        """The remote subscriptions (topics kept), as changed while running."""
+        return tuple(self._subscriptions)
+
+    def add_subscription(self, topic_filter: str) -> None:
+        """Ask the remote VPN for ``topic_filter`` too (topics kept)."""
+        if topic_filter in self._subscriptions:
+            return
+        self._subscriptions[topic_filter] = None
+        try:
+            self.sub = self._sub_mapper()
+        except ConfigurationError:
+            del self._subscriptions[topic_filter]
+            raise
+        self._want(topic_filter)
+
+    def remove_subscription(self, topic_filter: str) -> None:
+        """Stop asking the remote VPN for ``topic_filter``."""
+        if self._subscriptions.pop(topic_filter, 0) == 0:
+            return
+        self.sub = self._sub_mapper()
+        if topic_filter not in self.sub.filters:
+            self._unwant(topic_filter)
+
+    def _want(self, topic_filter: str) -> None:
+        if isinstance(self.link, WireLink):
+            self.link.want(topic_filter)
+        elif self._far is not None:
+            self._far.add_interest(topic_filter)
+
+    def _unwant(self, topic_filter: str) -> None:
+        if isinstance(self.link, WireLink):
+            self.link.unwant(topic_filter)
+        elif self._far is not None:
+            self._far.remove_interest(topic_filter)
+
+    # --- state ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> LinkState:
+        """The state of the bridge's link."""
+        return self.link.state
+
+    async def wait_for(self, *states: LinkState) -> LinkState:
+        """Wait until the link is in one of ``states`` (see :meth:`Link.wait_for`)."""
+        return await self.link.wait_for(*states)
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Close the bridge for good."""
+        link = self.link
+        if isinstance(link, (WireLink, LocalLink)):
+            link.stop(reason)
+
+    def __repr__(self) -> str:
+        return f"<Bridge {self.settings.name!r} vpn={self.vpn.name!r} {self.state.value}>"
+
+    # --- stages -------------------------------------------------------------------------
+
+    def stages(self, pipeline: LinkPipeline) -> None:
+        """The mapping stages of the bridge's link (called when it is attached); a
+        message they stop is counted as ``excluded`` or ``topic_too_short``. What no
+        mapping of the direction takes crosses as it is: the other side asked for it
+        (a two-way bridge riding the same connection)."""
+        if self.pub:
+            pipeline.add_egress("topic-mapping", self._map_out, reason="")
+        pipeline.add_ingress("topic-mapping", self._map_in, reason="")
+
+    def _map_out(self, envelope: Envelope) -> bool:
+        return self._apply(self.pub, envelope)
+
+    def _map_in(self, envelope: Envelope) -> bool:
+        return self._apply(self.sub, envelope)
+
+    def _apply(self, mapper: TopicMapper, envelope: Envelope) -> bool:
+        message = envelope.message
+        result = mapper.map(message.topic)
+        if result is NO_MATCH:
+            return True
+        if type(result) is not Mapped:
+            self.link.count_drop(result.reason)  # type: ignore[union-attr]
+            return False
+        if result.topic != message.topic:
+            envelope.message = make_message(
+                result.topic, message.payload, message.sender, message.timestamp, message.options
+            )
+        return True
+
+
+BRIDGE = StashKey[Bridge]()
+"""The bridge a link belongs to, in ``link.stash``."""
+
+
+def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
+    """Start a bridge from ``vpn`` (the node must be running).
+
+    :raises ConfigurationError: the mappings are wrong (every problem listed), the VPN
+        has a link of that name, or a same-node remote VPN does not exist.
+    """
+    if vpn.node.plugins.get("bridge") is None:
+        raise ConfigurationError(
+            f"bridge {settings.name!r}: the node does not load plugin 'bridge', whose "
+            "stages map the bridge's topics"
+        )
+    bridge = Bridge(vpn, settings)
+    hops = HopCountSettings(
+        enabled=settings.loop_prevention, hop_count_limit=settings.hop_count_limit
+    )
+    name = f"bridge/{settings.name}"
+    if settings.remotes:
+        connect = ConnectSettings(
+            settings.remotes,
+            vpn=settings.remote_vpn,
+            username=settings.username,
+            password=settings.password,
+            tls=settings.tls,
+            compression=settings.compression,
+            backoff=settings.backoff,
+            clock=vpn.node.clock,
+        )
+        link: Link = WireLink(vpn, name, kind="bridge", settings=connect, dedup=settings.dedup)
+        for topic_filter in bridge.wants:
+            link.want(topic_filter)
+    else:
+        far_vpn = vpn.node.vpns.get(settings.remote_vpn)
+        if far_vpn is None or far_vpn is vpn:
+            raise ConfigurationError(
+                f"bridge {settings.name!r}: the node has no other VPN {settings.remote_vpn!r} "
+                "(a bridge without remotes joins two VPNs of this node)"
+            )
+        link, far = LocalLink.pair(
+            vpn, far_vpn, name, far_name=f"bridge/{vpn.name}/{settings.name}", dedup=settings.dedup
+        )
+        far.stash[HOP_SETTINGS] = hops
+        bridge._far = far
+    link.stash[BRIDGE] = bridge
+    link.stash[HOP_SETTINGS] = hops
+    bridge.link = link
+    vpn.links.attach(link)
+    if isinstance(link, WireLink):
+        vpn.node.task_group.start_soon(link.run, name=f"meshbus bridge {settings.name}")
+    else:
+        assert bridge._far is not None
+        bridge._far.vpn.links.attach(bridge._far)
+        for topic_filter in bridge.wants:
+            bridge._far.add_interest(topic_filter)
+    return bridge
+
+
+def _pub_interest(bridge: Bridge) -> None:
+    """The PUB mappings' filters attract local messages (again after each reconnect:
+    a link forgets its interest when its connection goes down)."""
+    for topic_filter in bridge.pub.filters:
+        bridge.link.add_interest(topic_filter)
+
+
+def bridges_of(links: Iterable[Link]) -> list[Bridge]:
+    """The bridges among ``links``."""
+    return [b for link in links if (b := link.stash.get(BRIDGE, None)) is not None]

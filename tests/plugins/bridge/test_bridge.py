@@ -1,0 +1,170 @@
+"""Bridges (SPEC 7) on the in-memory mesh and between two VPNs of one node."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshbus import ConfigurationError, LinkState, Message, Node
+from meshbus.plugins.bridge import BridgeSettings, TopicMapping, open_bridge
+from meshbus.transports.testing import Mesh
+
+pytestmark = pytest.mark.anyio
+
+
+def reader(node: Node, vpn: str = "default", topic_filter: str = ">"):  # type: ignore[no-untyped-def]
+    session = node.vpn(vpn).open_session(client_name=f"reader-{vpn}")
+    session.subscribe(topic_filter)
+    return session
+
+
+def drain(session) -> list[Message]:  # type: ignore[no-untyped-def]
+    return list(iter(session.receive_nowait, None))
+
+
+async def start_pair(mesh: Mesh) -> tuple[Node, Node]:
+    return await mesh.start("local"), await mesh.start("remote")
+
+
+async def test_a_one_way_bridge_brings_what_its_subscriptions_ask_for(mesh: Mesh) -> None:
+    local, far = await start_pair(mesh)
+    bridge = open_bridge(local.vpn(), remote_bridge(mesh, subscriptions=["a/>"]))
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    everything = reader(local)
+    publisher = far.connect(client_name="pub")
+    for i in range(100):
+        publisher.publish("a/x", b"%d" % i)
+        publisher.publish("b/x", b"%d" % i)
+    await mesh.clock.settle()
+    got = drain(everything)
+    assert [m.topic for m in got] == ["a/x"] * 100
+    assert [m.payload for m in got] == [b"%d" % i for i in range(100)]
+    assert {m.sender for m in got} == {"pub"}
+    (accepted,) = far.vpn().links
+    assert (accepted.statistics().forwarded, bridge.link.statistics().received) == (100, 100)
+
+    bridge.add_subscription("b/>")
+    bridge.remove_subscription("a/>")
+    assert bridge.subscriptions == ("b/>",)
+    await mesh.clock.settle()
+    publisher.publish("a/x", b"no longer")
+    publisher.publish("b/x", b"now")
+    await mesh.clock.settle()
+    assert [(m.topic, m.payload) for m in drain(everything)] == [("b/x", b"now")]
+
+
+def remote_bridge(mesh: Mesh, name: str = "to-remote", **options: object) -> BridgeSettings:
+    """A bridge from node ``local`` dialling node ``remote`` over the mesh's network."""
+    target = mesh.network.connectable("remote", source="local")
+    return BridgeSettings(name, remotes=[target], **options)  # type: ignore[arg-type]
+
+
+async def test_topics_are_mapped_both_ways(mesh: Mesh) -> None:
+    local, far = await start_pair(mesh)
+    mappings = [
+        TopicMapping("plant/*/temp", mode="SUB", destination="site/${site}/{2}"),
+        TopicMapping(
+            "cmd/>", mode="PUB", destination="to/${bridge.name}/{2-#}", excludes=["cmd/debug/>"]
+        ),
+        TopicMapping("deep/>", mode="SUB", destination="x/{4}"),
+    ]
+    bridge = open_bridge(
+        local.vpn(), remote_bridge(mesh, topics=mappings, variables={"site": "s1"})
+    )
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    await mesh.clock.settle()
+    here, there = reader(local), reader(far)
+
+    far.connect().publish("plant/press/temp", b"21")
+    far.connect().publish("deep/a", b"too short for {4}")
+    local.connect().publish("cmd/start/now", b"go")
+    local.connect().publish("cmd/debug/x", b"stays here")
+    await mesh.clock.settle()
+
+    assert sorted((m.topic, m.payload) for m in drain(here)) == [
+        ("cmd/debug/x", b"stays here"),
+        ("cmd/start/now", b"go"),
+        ("site/s1/press", b"21"),
+    ]
+    assert [(m.topic, m.payload) for m in drain(there)][-1] == ("to/to-remote/start/now", b"go")
+    dropped = bridge.link.statistics().dropped
+    assert (dropped["excluded"], dropped["topic_too_short"]) == (1, 1)
+
+
+async def test_two_vpns_of_one_node_are_bridged_in_process() -> None:
+    async with Node(node_id="n1") as node:
+        office = node.create_vpn("office")
+        bridge = open_bridge(
+            node.vpn(),
+            BridgeSettings(
+                "to-office",
+                remote_vpn="office",
+                subscriptions=["orders/>"],
+                topics=[TopicMapping("alarms/>", mode="PUB", destination="plant/{#}")],
+            ),
+        )
+        assert bridge.state is LinkState.IN_SYNC
+        here, there = reader(node), reader(node, "office")
+        office.open_session(client_name="clerk").publish("orders/7", b"7 chairs")
+        node.vpn().open_session(client_name="press").publish("alarms/fire", b"!")
+        assert [(m.topic, m.sender, m.hop_count) for m in drain(here)] == [
+            ("orders/7", "clerk", 1),
+            ("alarms/fire", "press", 0),
+        ]
+        assert [m.topic for m in drain(there)] == ["orders/7", "plant/alarms/fire"]
+
+        bridge.add_subscription("invoices/>")
+        office.open_session().publish("invoices/1", b"$")
+        assert [m.topic for m in drain(here)] == ["invoices/1"]
+        bridge.stop()
+        assert bridge.state is LinkState.DISABLED
+        assert len(office.links) == len(node.vpn().links) == 0
+
+
+async def test_two_bridges_both_ways_deliver_each_publish_once(mesh: Mesh) -> None:
+    a, b = await mesh.start("a"), await mesh.start("b")
+    net = mesh.network
+    to_b = open_bridge(
+        a.vpn(),
+        BridgeSettings("to-b", remotes=[net.connectable("b", source="a")], subscriptions=[">"]),
+    )
+    to_a = open_bridge(
+        b.vpn(),
+        BridgeSettings("to-a", remotes=[net.connectable("a", source="b")], subscriptions=[">"]),
+    )
+    await mesh.clock.wait_for(lambda: to_a.state is to_b.state is LinkState.IN_SYNC, within=10)
+    on_a, on_b = reader(a), reader(b)
+    a.connect().publish("t", b"once")
+    await mesh.clock.settle()
+    assert (len(drain(on_a)), len(drain(on_b))) == (1, 1)
+    hop_drops = sum(link.statistics().dropped.get("hop_limit", 0) for link in b.vpn().links)
+    assert hop_drops == 1
+
+
+async def test_a_bad_bridge_is_refused_with_every_problem(mesh: Mesh) -> None:
+    local = await mesh.start("local")
+    settings = remote_bridge(
+        mesh,
+        topics=[
+            TopicMapping("*/*", destination="{3}/${who}"),
+            TopicMapping("a/>", mode="PUB", destination="{1-#}x"),
+        ],
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        open_bridge(local.vpn(), settings)
+    text = str(caught.value)
+    assert "{3} reaches level 3" in text
+    assert "unknown variable ${who}" in text
+    assert "stands for whole levels" in text
+    assert len(local.vpn().links) == 0  # nothing half-started
+
+    with pytest.raises(ConfigurationError, match="no other VPN 'nowhere'"):
+        open_bridge(local.vpn(), BridgeSettings("x", remote_vpn="nowhere"))
+    with pytest.raises(ValueError, match="without '/'"):
+        BridgeSettings("a/b")
+
+
+async def test_the_plugin_must_be_loaded() -> None:
+    async with Node(plugins=["direct"]) as node:
+        node.create_vpn("b")
+        with pytest.raises(ConfigurationError, match="does not load plugin 'bridge'"):
+            open_bridge(node.vpn(), BridgeSettings("x", remote_vpn="b"))
