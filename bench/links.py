@@ -109,7 +109,7 @@ from transport import (
     say,
 )
 
-from meshbus import ClientProfile, Link, LinkState, Node, Vpn
+from meshbus import ClientProfile, Link, LinkState, LocalLink, Node, Vpn
 from meshbus.transports import (
     ConnectSettings,
     ListenerSettings,
@@ -292,6 +292,8 @@ async def memory_phase(args: argparse.Namespace) -> None:
     async with (
         make_node("a") as a,
         make_node("b") as b,
+        make_node("c") as c,
+        make_node("d") as d,
         make_node("one") as one,
     ):
         await start_server(a, ListenerSettings(), listener=network.listen("a"))
@@ -300,46 +302,60 @@ async def memory_phase(args: argparse.Namespace) -> None:
         with anyio.fail_after(READY_TIMEOUT):
             await link.wait_for(LinkState.IN_SYNC)
         accepted = await ask_back(a.vpn())
+        near, far = LocalLink.pair(c.vpn(), d.vpn(), "c-d")
+        c.vpn().links.attach(near)
+        d.vpn().links.attach(far)
+        for end in (near, far):
+            for topic_filter in WANTS:
+                end.add_interest(topic_filter)
+        links = (link, accepted, near, far)
 
-        pairs = {"one node": (one, one), "link": (a, b)}
+        pairs = {"one node": (one, one), "wire link": (a, b), "local link": (c, d)}
         rtt = {name: Contender(name) for name in pairs}
         tput = {name: Contender(name) for name in pairs}
         data = _harness.payloads(args.messages, PAYLOAD_SIZE)
-        for near, far in pairs.values():  # warm-up, not recorded
-            await memory_rtt(near, far, max(10, args.requests // 10))
-            await memory_throughput(near, far, data[: max(BATCH, args.messages // 10)])
-        failures = link.forward_failures + accepted.forward_failures
+        for first, second in pairs.values():  # warm-up, not recorded
+            await memory_rtt(first, second, max(10, args.requests // 10))
+            await memory_throughput(first, second, data[: max(BATCH, args.messages // 10)])
+        failures = sum(x.forward_failures for x in links)
         names = list(pairs)
         for r in range(args.rounds):
             shift = r % len(names)
             for name in names[shift:] + names[:shift]:
-                near, far = pairs[name]
-                rtt[name].rtts.append(await memory_rtt(near, far, args.requests))
-                tput[name].rates.append(len(data) / await memory_throughput(near, far, data))
-        failures = link.forward_failures + accepted.forward_failures - failures
-        assert failures == 0, f"{failures} messages could not go over the link"
+                first, second = pairs[name]
+                rtt[name].rtts.append(await memory_rtt(first, second, args.requests))
+                tput[name].rates.append(len(data) / await memory_throughput(first, second, data))
+        failures = sum(x.forward_failures for x in links) - failures
+        assert failures == 0, f"{failures} messages could not go over the links"
 
-    solo, linked = rtt["one node"], rtt["link"]
-    hop = (linked.p50 - solo.p50) / 2
-    say(
-        f"links memory hop latency: +{hop:,.1f} us per hop (round trip p50 {linked.p50:,.0f} us "
-        f"across the link, {solo.p50:,.0f} us on one node; p99 {linked.p99:,.0f} / "
-        f"{solo.p99:,.0f} us) (target <= {MEMORY_HOP_US:g} us) {verdict(hop <= MEMORY_HOP_US)}"
-    )
-    solo, linked = tput["one node"], tput["link"]
-    share = linked.rate / solo.rate
-    say(
-        f"links memory throughput: {linked.rate:,.0f} msg/s across the link = "
-        f"{ratio(linked.rate, solo.rate)} one node ({solo.rate:,.0f} msg/s) "
-        f"(target >= {MIN_THROUGHPUT_RATIO:g}x) {verdict(share >= MIN_THROUGHPUT_RATIO)}"
-    )
+    solo = rtt["one node"]
+    for name, what in (("local link", "LocalLink"), ("wire link", "WireLink over memory")):
+        linked = rtt[name]
+        hop = (linked.p50 - solo.p50) / 2
+        say(
+            f"links memory hop latency {name}: +{hop:,.1f} us per hop ({what}; round trip "
+            f"p50 {linked.p50:,.0f} us across the link, {solo.p50:,.0f} us on one node; p99 "
+            f"{linked.p99:,.0f} / {solo.p99:,.0f} us) (target <= {MEMORY_HOP_US:g} us) "
+            f"{verdict(hop <= MEMORY_HOP_US)}"
+        )
+    solo = tput["one node"]
+    for name, what in (("local link", "LocalLink"), ("wire link", "WireLink over memory")):
+        linked = tput[name]
+        share = linked.rate / solo.rate
+        say(
+            f"links memory throughput {name}: {linked.rate:,.0f} msg/s across the link "
+            f"({what}) = {ratio(linked.rate, solo.rate)} one node ({solo.rate:,.0f} msg/s) "
+            f"(target >= {MIN_THROUGHPUT_RATIO:g}x) {verdict(share >= MIN_THROUGHPUT_RATIO)}"
+        )
     if args.verbose:
-        for c in (*rtt.values(), *tput.values()):
-            if not c.rtts and not c.rates:
+        for contender in (*rtt.values(), *tput.values()):
+            if not contender.rtts and not contender.rates:
                 continue
-            figures = [f"{r.p50:,.0f}" for r in c.rtts] or [f"{x:,.0f}" for x in c.rates]
-            unit = "us p50" if c.rtts else "msg/s"
-            say(f"  memory {c.label}: {' '.join(figures)} {unit}")
+            figures = [f"{x.p50:,.0f}" for x in contender.rtts] or [
+                f"{x:,.0f}" for x in contender.rates
+            ]
+            unit = "us p50" if contender.rtts else "msg/s"
+            say(f"  memory {contender.label}: {' '.join(figures)} {unit}")
 
 
 # --- across processes: brokers --------------------------------------------------------------

@@ -51,6 +51,11 @@ def test_demo_runs_and_shows_each_capability() -> None:
     ) in out
     assert "cloud spooled order '2 chairs'; plant's queue now holds 0" in out
     assert "copies each reader got: {'reader-a': 1, 'reader-b': 1, 'reader-c': 1}" in out
+    assert "dropped at their second hop: 4, by origin: 0" in out  # hop limit 1 on bridges
+    # bridges: a same-node bridge maps a topic going out and keeps it coming in
+    assert "bridge 'to-office' (site -> office) in-sync" in out
+    assert "office clerk got site-7/alarms/press-3 = overheated from 'press-3'" in out
+    assert "site operator got orders/17 = 400 parts from 'erp' (hop count 1)" in out
     # Spark: the bus feeds a streaming query into Parquet, Spark publishes back
     if shutil.which("java") is None:
         assert "skipped: Spark needs Java 17" in out
