@@ -157,6 +157,12 @@ class _Checker(_ValueChecker):
                 )
         self.keys(unread, path, allowed)
 
+    def _reported_at(self, path: str) -> bool:
+        """Whether a problem was found in the table at ``path`` already (a placeholder
+        that could not be filled in, found before its plugin read the table)."""
+        prefix = f"{self.source}: {path}"
+        return any(p.startswith((prefix + ".", prefix + "[", prefix + ":")) for p in self.problems)
+
     def read_sections(
         self, table: Mapping[str, Any], path: str, scope: str, vpn: str | None
     ) -> tuple[tuple[ConfigSection, Any], ...]:
@@ -174,7 +180,7 @@ class _Checker(_ValueChecker):
                 for problem in exc.problems:
                     self.report(where, problem)
                 continue
-            if value is None and len(self.problems) == before:
+            if value is None and len(self.problems) == before and not self._reported_at(where):
                 self.report(where, "the plugin that reads it refused it without saying why")
             elif value is not None:
                 read.append((section, value))

@@ -637,3 +637,16 @@ async def test_provision_reports_what_the_running_node_refuses(tmp_path: Path, c
         f"{EXAMPLE}: vpns.plant.queues.alarms: "
         "queue 'alarms' exists in VPN 'plant' with other settings"
     ]
+
+
+def test_a_placeholder_that_fails_in_a_plugin_table_is_its_only_problem(
+    problems: Problems,
+) -> None:
+    text = """
+        [vpns.default.queues.orders]
+        max_messages = "${ENV:NOT_SET}"
+    """
+    assert problems(text) == [
+        "edge.toml: vpns.default.queues.orders.max_messages: "
+        "environment variable 'NOT_SET' is not set"
+    ]
