@@ -30,6 +30,10 @@ from meshbus import ConfigurationError
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
 _PLACEHOLDER = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
 _ENV_PLACEHOLDER = re.compile(r"ENV:([A-Za-z_][A-Za-z0-9_]*)\Z")
+_TEMPLATE_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
+#: Keys whose strings are templates with ``${name}`` variables of their own: there
+#: only ``${ENV:NAME}`` is an environment placeholder.
+TEMPLATE_KEYS = frozenset({"destination"})
 _VALIDATION_ERRORS = (ConfigurationError, TypeError, ValueError)
 
 
@@ -143,6 +147,8 @@ class _ValueChecker:
 
     def _expand_text(self, text: str, path: str) -> object:
         failed = False
+        # A bridge mapping's destination has variables of its own (``${bridge.name}``).
+        template = path.rpartition(".")[2] in TEMPLATE_KEYS
 
         def substitute(match: re.Match[str]) -> str:
             nonlocal failed
@@ -153,6 +159,8 @@ class _ValueChecker:
                 self.report(path, "'${' without a closing '}' (write $${ for a literal '${')")
             else:
                 name = _ENV_PLACEHOLDER.match(match.group(1))
+                if name is None and template and _TEMPLATE_VARIABLE.match(match.group(1)):
+                    return token  # the template's own variable, for the plugin to fill in
                 if name is None:
                     self.report(
                         path,

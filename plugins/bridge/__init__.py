@@ -1,12 +1,12 @@
 """Plugin ``bridge``: Message VPN bridges (SPEC 7).
 
-Built so far: bridges opened from Python (:func:`open_bridge`) that carry direct
+Built so far: bridges opened from Python (:func:`open_bridge`) or from the
+configuration file (``[[vpns.NAME.bridges]]``) that carry direct
 messages between a VPN of this node and a VPN of another node (over a
 :class:`~meshbus.transports.WireLink`) or of this node (over a
 :class:`~meshbus.LocalLink`), with remote subscriptions changeable while running,
 topic mapping in both directions (:class:`TopicMapper`), hop counting and origin
-de-duplication. Not built yet: the ``[[vpns.NAME.bridges]]`` configuration table,
-guaranteed flows bound to remote queues, sharing one connection between the two
+de-duplication. Not built yet: guaranteed flows bound to remote queues, sharing one connection between the two
 bridges of a pair, fail-back, and the bridge's own metrics.
 """
 

@@ -3,9 +3,10 @@ PUB interest back after a reconnect."""
 
 from __future__ import annotations
 
-from meshbus import Link, LinkPipeline, hookimpl
+from meshbus import ConfigSections, Link, LinkPipeline, hookimpl
 
 from ._bridge import BRIDGE, _pub_interest
+from ._config import SECTIONS
 
 
 @hookimpl
@@ -20,3 +21,9 @@ def meshbus_link_opened(link: Link) -> None:
     bridge = link.stash.get(BRIDGE, None)
     if bridge is not None:
         _pub_interest(bridge)
+
+
+@hookimpl
+def meshbus_config_sections(sections: ConfigSections) -> None:
+    for section in SECTIONS:
+        sections.add(section, plugin="bridge")

@@ -1,0 +1,111 @@
+"""Bridges in the node configuration file: [[vpns.NAME.bridges]] (SPEC 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshbus import ConfigurationError, LinkState
+from meshbus.app._config import load_config
+
+pytestmark = pytest.mark.anyio
+
+GOOD = """
+[vpns.default]
+[vpns.office]
+
+[[vpns.default.bridges]]
+name = "to-office"
+remote_vpn = "office"
+subscriptions = ["orders/>"]
+hop_count_limit = 2
+variables = { site = "s7" }
+
+[[vpns.default.bridges.topics]]
+filter = "machines/*/alarm"
+mode = "PUB"
+destination = "${site}/${bridge.name}/{2}"
+excludes = ["machines/test-rig/>"]
+"""
+
+BAD = """
+[vpns.default]
+
+[[vpns.default.bridges]]
+name = "a"
+remotes = ["tcp://x:1", 7]
+hop_count_limit = 0
+tls = "yes"
+
+[[vpns.default.bridges.topics]]
+filter = "*/*"
+destination = "{3}/${who}-${ENV:SITE}"
+
+[[vpns.default.bridges.topics]]
+destination = "x"
+
+[[vpns.default.bridges]]
+name = "a"
+subscriptions = "x"
+"""
+
+
+def load(tmp_path: Path, text: str, **environ: str):  # type: ignore[no-untyped-def]
+    path = tmp_path / "edge.toml"
+    path.write_text(text, encoding="utf-8")
+    return load_config(path, environ=environ)
+
+
+async def test_a_bridge_in_the_file_opens_when_the_node_runs(tmp_path: Path) -> None:
+    config = load(tmp_path, GOOD)
+    node = config.build_node()
+    async with node:
+        await config.provision(node)
+        await config.provision(node)  # again: the same bridge is left as it is
+        (link,) = node.vpn().links
+        assert (link.name, link.state) == ("bridge/to-office", LinkState.IN_SYNC)
+        office = node.vpn("office")
+        clerk = office.open_session()
+        clerk.subscribe(">")
+        node.vpn().open_session().publish("machines/press/alarm", b"hot")
+        node.vpn().open_session().publish("machines/test-rig/alarm", b"ignore")
+        (alarm,) = list(iter(clerk.receive_nowait, None))
+        assert (alarm.topic, alarm.payload) == ("s7/to-office/press", b"hot")
+        assert link.statistics().dropped == {"excluded": 1}
+
+
+def test_every_mistake_of_every_bridge_is_listed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        load(tmp_path, BAD, SITE="s1")
+    problems = [p.split(": ", 1)[1] for p in caught.value.problems]
+    at = "vpns.default.bridges"
+    assert problems == [
+        f"{at}[0].tls: unknown key (expected one of: name, remote_vpn, remotes, username, "
+        "password, compression, subscriptions, topics, variables, loop_prevention, "
+        "hop_count_limit, dedup)",
+        f"{at}[0].remotes[1]: expected a string, got integer 7",
+        f"{at}[0].topics[1].filter: every mapping needs a filter (a string)",
+        f"{at}[0].hop_count_limit: must be an int >= 1, got 0",
+        f"{at}[1].name: another bridge is called 'a'",
+    ]
+
+
+def test_mapping_problems_are_listed_at_the_bridge_s_topics(tmp_path: Path) -> None:
+    text = GOOD.replace('destination = "${site}/${bridge.name}/{2}"', 'destination = "{4}/${who}"')
+    with pytest.raises(ConfigurationError) as caught:
+        load(tmp_path, text)
+    problems = [p.split(": ", 1)[1] for p in caught.value.problems]
+    where = "vpns.default.bridges[0].topics: topic mapping 1 ('machines/*/alarm'): destination"
+    assert problems == [
+        f"{where}: {{4}} reaches level 4, but the filter 'machines/*/alarm' takes topics of 3 "
+        "levels",
+        f"{where}: unknown variable ${{who}} (known: ${{bridge.name}}, ${{site}})",
+    ]
+
+
+def test_outside_a_destination_a_placeholder_must_name_the_environment(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        load(tmp_path, GOOD.replace('remote_vpn = "office"', 'remote_vpn = "${site}"'))
+    (problem,) = caught.value.problems
+    assert "bridges[0].remote_vpn: unknown placeholder '${site}'" in problem
