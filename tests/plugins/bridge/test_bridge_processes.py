@@ -1,0 +1,108 @@
+"""A bridge between two ``meshbus run`` processes over TCP, configured in the file (SPEC 7).
+
+Node A is a plain node; node B's file has a bridge to A asking for ``a/>``. The test
+publishes on A with one remote session and reads on B with another. Every wait is for
+a printed line or for a message, within generous limits; until the bridge is in sync,
+probes are published on A (a bridge carries nothing before it is).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from meshbus.transports import RemoteSession, connect
+from tests.processes import WAIT, Child
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+
+NODE_A = """
+[node]
+name = "node-a"
+data_dir = "data-a"
+
+[[listeners]]
+port = 0
+
+[vpns.default.client_profiles.default]
+allow_bridge_connections = true
+"""
+
+NODE_B = """
+[node]
+name = "node-b"
+data_dir = "data-b"
+
+[[listeners]]
+port = 0
+
+[[vpns.default.bridges]]
+name = "to-a"
+remotes = ["{url}"]
+subscriptions = ["a/>"]
+"""
+
+
+def url_of(node: Child) -> str:
+    """The URL a ``meshbus run`` process says it listens on."""
+    (line,) = node.wait_for("meshbus run: node ")
+    return line.rsplit(" ", 1)[1]
+
+
+@pytest.fixture
+def urls(tmp_path: Path, anyio_backend: str) -> Iterator[tuple[str, str]]:
+    """Start node A, then node B bridged to it; the URLs of their listeners."""
+    started: list[Child] = []
+
+    def run(name: str, text: str) -> str:
+        (tmp_path / f"{name}.toml").write_text(text, encoding="utf-8")
+        args = [sys.executable, "-m", "meshbus", "run", f"{name}.toml", "--loop", anyio_backend]
+        started.append(Child(args, tmp_path))
+        return url_of(started[-1])
+
+    try:
+        a = run("node-a", NODE_A)
+        yield a, run("node-b", NODE_B.format(url=a))
+    finally:
+        for child in started:
+            child.close()
+
+
+async def until_bridged(publisher: RemoteSession, reader: RemoteSession) -> None:
+    """Publish probes on A until one reaches B."""
+    with anyio.fail_after(WAIT):
+        while True:
+            publisher.publish("a/probe", b"?")
+            with anyio.move_on_after(0.1):
+                await reader.receive()
+                return
+
+
+async def test_a_bridge_in_the_file_brings_what_it_asks_for_across_processes(
+    urls: tuple[str, str],
+) -> None:
+    a_url, b_url = urls
+    async with (
+        connect(a_url, client_name="pub", reconnect=False) as publisher,
+        connect(b_url, client_name="reader", reconnect=False) as reader,
+    ):
+        reader.subscribe(">")
+        await until_bridged(publisher, reader)
+        for i in range(100):
+            publisher.publish("a/x", b"%d" % i)
+            publisher.publish("b/x", b"%d" % i)
+        publisher.publish("a/end", b"")
+        await publisher.confirm()
+        got = []
+        with anyio.fail_after(WAIT):
+            while (message := await reader.receive()).topic != "a/end":
+                if message.topic != "a/probe":
+                    got.append(message)
+    assert [m.topic for m in got] == ["a/x"] * 100
+    assert [m.payload for m in got] == [b"%d" % i for i in range(100)]
+    assert {(m.sender, m.hop_count) for m in got} == {("pub", 1)}
