@@ -6,9 +6,10 @@ messages between a VPN of this node and a VPN of another node (over a
 :class:`~meshbus.transports.WireLink`) or of this node (over a
 :class:`~meshbus.LocalLink`), with remote subscriptions changeable while running,
 topic mapping in both directions (:class:`TopicMapper`), hop counting and origin
-de-duplication. Not built yet: guaranteed flows bound to remote queues, sharing
-one connection between the two bridges of a pair, fail-back, and the bridge's own
-metrics.
+de-duplication, and guaranteed flows bound to remote queues (each message spooled
+to all matching local endpoints before its ack). Not built yet: guaranteed messages
+over a same-node bridge, sharing one connection between the two bridges of a pair,
+fail-back, and the bridge's own metrics.
 """
 
 from ._bridge import BRIDGE, Bridge, BridgeSettings, open_bridge

@@ -54,6 +54,11 @@ def _hop_limit(instance: object, attribute: attrs.Attribute[Any], value: object)
         raise ValueError(f"must be an int >= 1, got {value!r}")
 
 
+def _window(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65_535:
+        raise ValueError(f"must be an int from 1 to 65535, got {value!r}")
+
+
 @attrs.frozen
 class BridgeSettings:
     """What a bridge joins and what crosses it (SPEC 7)."""
@@ -76,6 +81,13 @@ class BridgeSettings:
     """Compress the connection."""
     subscriptions: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     """Filters asked of the remote VPN whose messages cross under their own topics."""
+    queues: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Queues of the remote VPN to bind a flow to: each message they deliver is spooled
+    to every matching local endpoint in one commit before it is acknowledged there;
+    one an endpoint refuses is tried again every second and holds up only its flow.
+    Needs ``remotes`` (a same-node bridge carries direct messages only, so far)."""
+    window: int = attrs.field(default=255, validator=_window)
+    """Messages each of those flows may have unacknowledged."""
     topics: tuple[TopicMapping, ...] = attrs.field(default=(), converter=tuple)
     """Topic mappings, both directions (each says its ``mode``)."""
     variables: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
@@ -260,7 +272,14 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
         link: Link = WireLink(vpn, name, kind="bridge", settings=connect, dedup=settings.dedup)
         for topic_filter in bridge.wants:
             link.want(topic_filter)
+        for queue in settings.queues:
+            link.pull(queue, window=settings.window)
     else:
+        if settings.queues:
+            raise ConfigurationError(
+                f"bridge {settings.name!r}: queues need a remote node (a bridge between "
+                "two VPNs of one node carries direct messages only, so far)"
+            )
         far_vpn = vpn.node.vpns.get(settings.remote_vpn)
         if far_vpn is None or far_vpn is vpn:
             raise ConfigurationError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from meshbus import ConfigurationError, LinkState, Message, Node
@@ -168,3 +169,55 @@ async def test_the_plugin_must_be_loaded() -> None:
         node.create_vpn("b")
         with pytest.raises(ConfigurationError, match="does not load plugin 'bridge'"):
             open_bridge(node.vpn(), BridgeSettings("x", remote_vpn="b"))
+
+
+async def test_guaranteed_messages_wait_on_the_remote_until_the_local_queue_has_room(
+    mesh: Mesh,
+) -> None:
+    local, far = await start_pair(mesh)
+    far.guaranteed.create_queue("Q", subscriptions=["g/>"])
+    local.guaranteed.create_queue("L", subscriptions=["g/>"], max_messages=100)
+    bridge = open_bridge(
+        local.vpn(), remote_bridge(mesh, queues=["Q"], window=10, subscriptions=["d/>"])
+    )
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    watcher = reader(local, topic_filter="d/>")
+    sender = far.connect(client_name="shop")
+    for i in range(300):
+        await sender.send(f"g/{i}", b"%d" % i)
+    await mesh.clock.run(5)  # retries of the refused 101st, each second
+
+    held = local.guaranteed.queue("L").usage()[0]
+    waiting = far.guaranteed.queue("Q").usage()[0]
+    assert held == 100
+    assert 300 - 100 - 10 <= waiting <= 300 - 100  # at most a window in flight
+    assert bridge.link.statistics().receive_failures >= 1  # refused, and tried again
+    far.connect().publish("d/1", b"direct keeps flowing")
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(watcher)] == [b"direct keeps flowing"]
+
+    flow = await local.connect(client_name="warehouse").bind("L")
+    got: list[Message] = []
+
+    async def consume() -> None:
+        while True:
+            message = await flow.receive()
+            got.append(message)
+            flow.ack(message)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        await mesh.clock.wait_for(lambda: len(got) == 300, within=600)
+        tg.cancel_scope.cancel()
+    assert [m.payload for m in got] == [b"%d" % i for i in range(300)]
+    assert not any(m.redelivered for m in got)
+    await mesh.clock.settle()
+    assert far.guaranteed.queue("Q").usage()[0] == 0
+
+
+async def test_a_same_node_bridge_takes_no_queues_yet() -> None:
+    async with Node() as node:
+        node.create_vpn("b")
+        with pytest.raises(ConfigurationError, match="queues need a remote node"):
+            open_bridge(node.vpn(), BridgeSettings("x", remote_vpn="b", queues=["q"]))
+        assert len(node.vpn().links) == 0

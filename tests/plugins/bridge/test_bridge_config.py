@@ -82,8 +82,8 @@ def test_every_mistake_of_every_bridge_is_listed(tmp_path: Path) -> None:
     at = "vpns.default.bridges"
     assert problems == [
         f"{at}[0].tls: unknown key (expected one of: name, remote_vpn, remotes, username, "
-        "password, compression, subscriptions, topics, variables, loop_prevention, "
-        "hop_count_limit, dedup)",
+        "password, compression, subscriptions, queues, window, topics, variables, "
+        "loop_prevention, hop_count_limit, dedup)",
         f"{at}[0].remotes[1]: expected a string, got integer 7",
         f"{at}[0].topics[1].filter: every mapping needs a filter (a string)",
         f"{at}[0].hop_count_limit: must be an int >= 1, got 0",
