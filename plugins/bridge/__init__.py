@@ -9,10 +9,11 @@ topic mapping in both directions (:class:`TopicMapper`), hop counting and origin
 de-duplication, and guaranteed flows bound to remote queues (each message spooled
 to all matching local endpoints before its ack). Not built yet: guaranteed messages
 over a same-node bridge, sharing one connection between the two bridges of a pair,
-fail-back, and the bridge's own metrics.
+fail-back, a forward-latency histogram and bridge counters in ``meshbus stats``
+(:meth:`Bridge.statistics` and :func:`totals` have the counters).
 """
 
-from ._bridge import BRIDGE, Bridge, BridgeSettings, open_bridge
+from ._bridge import BRIDGE, Bridge, BridgeSettings, bridges, open_bridge, totals
 from ._mapping import EXCLUDED, NO_MATCH, TOO_SHORT, Mapped, TopicMapper, TopicMapping
 
 __all__ = [
@@ -25,5 +26,7 @@ __all__ = [
     "Mapped",
     "TopicMapper",
     "TopicMapping",
+    "bridges",
     "open_bridge",
+    "totals",
 ]

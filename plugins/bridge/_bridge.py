@@ -19,7 +19,7 @@ bridge's ``hop_count_limit``) and de-duplicates by origin unless told not to.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -30,7 +30,9 @@ from meshbus import (
     Link,
     LinkPipeline,
     LinkState,
+    LinkStatistics,
     LocalLink,
+    Node,
     StashKey,
     Vpn,
     make_message,
@@ -41,7 +43,7 @@ from meshbus.transports import Backoff, ConnectSettings, TlsSettings, WireLink
 
 from ._mapping import NO_MATCH, Mapped, TopicMapper, TopicMapping
 
-__all__ = ["Bridge", "BridgeSettings", "open_bridge"]
+__all__ = ["Bridge", "BridgeSettings", "bridges", "open_bridge", "totals"]
 
 
 def _name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -203,6 +205,27 @@ class Bridge:
         if isinstance(link, (WireLink, LocalLink)):
             link.stop(reason)
 
+    def statistics(self) -> LinkStatistics:
+        """The counters of the bridge's link (SPEC 7): connects, connect failures,
+        disconnects, forwarded, forward failures, received, receive failures, drops by
+        reason (``excluded``, ``topic_too_short``, ``hop_limit``, ``duplicate``,
+        ``no_local``, ``no_eligible_destination``) and its state. For a same-node
+        bridge, what comes in is counted on the other VPN's end, added here."""
+        own = self.link.statistics()
+        far = self._far
+        if far is None:
+            return own
+        other = far.statistics()
+        dropped = dict(own.dropped)
+        for reason, n in other.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+        return attrs.evolve(
+            own,
+            forwarded=own.forwarded + other.forwarded,
+            forward_failures=own.forward_failures + other.forward_failures,
+            dropped=dropped,
+        )
+
     def __repr__(self) -> str:
         return f"<Bridge {self.settings.name!r} vpn={self.vpn.name!r} {self.state.value}>"
 
@@ -312,6 +335,28 @@ def _pub_interest(bridge: Bridge) -> None:
         bridge.link.add_interest(topic_filter)
 
 
-def bridges_of(links: Iterable[Link]) -> list[Bridge]:
-    """The bridges among ``links``."""
-    return [b for link in links if (b := link.stash.get(BRIDGE, None)) is not None]
+def bridges(vpn: Vpn) -> list[Bridge]:
+    """The VPN's bridges."""
+    return [b for link in vpn.links if (b := link.stash.get(BRIDGE, None)) is not None]
+
+
+def totals(node: Node) -> dict[str, int]:
+    """The counters of all the node's bridges added up (drops as ``dropped.REASON``)."""
+    total: dict[str, int] = {}
+    for vpn in node.vpns.values():
+        for bridge in bridges(vpn):
+            stats = bridge.statistics()
+            for key in (
+                "connects",
+                "connect_failures",
+                "disconnects",
+                "forwarded",
+                "forward_failures",
+                "received",
+                "receive_failures",
+            ):
+                total[key] = total.get(key, 0) + getattr(stats, key)
+            for reason, n in stats.dropped.items():
+                key = f"dropped.{reason}"
+                total[key] = total.get(key, 0) + n
+    return total

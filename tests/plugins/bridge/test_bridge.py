@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from meshbus import ConfigurationError, LinkState, Message, Node
-from meshbus.plugins.bridge import BridgeSettings, TopicMapping, open_bridge
+from meshbus.plugins.bridge import BridgeSettings, TopicMapping, bridges, open_bridge, totals
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
@@ -221,3 +221,59 @@ async def test_a_same_node_bridge_takes_no_queues_yet() -> None:
         with pytest.raises(ConfigurationError, match="queues need a remote node"):
             open_bridge(node.vpn(), BridgeSettings("x", remote_vpn="b", queues=["q"]))
         assert len(node.vpn().links) == 0
+
+
+async def test_a_two_way_exchange_is_counted_exactly(mesh: Mesh) -> None:
+    local, far = await start_pair(mesh)
+    bridge = open_bridge(
+        local.vpn(),
+        remote_bridge(
+            mesh, subscriptions=["to-local/>"], topics=[TopicMapping("to-remote/>", mode="PUB")]
+        ),
+    )
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    await mesh.clock.settle()
+    here, there = reader(local, topic_filter="to-local/>"), reader(far, topic_filter="to-remote/>")
+    for i in range(100):
+        far.connect().publish("to-local/x", b"%d" % i)
+    for i in range(50):
+        local.connect().publish("to-remote/x", b"%d" % i)
+    await mesh.clock.settle()
+    assert (len(drain(here)), len(drain(there))) == (100, 50)
+
+    stats = bridge.statistics()
+    assert (stats.connects, stats.connect_failures, stats.disconnects) == (1, 0, 0)
+    assert (stats.forwarded, stats.forward_failures) == (50, 0)
+    assert (stats.received, stats.receive_failures) == (100, 0)
+    assert stats.dropped == {}
+    assert totals(local) == {
+        "connects": 1,
+        "connect_failures": 0,
+        "disconnects": 0,
+        "forwarded": 50,
+        "forward_failures": 0,
+        "received": 100,
+        "receive_failures": 0,
+    }
+    assert bridges(local.vpn()) == [bridge]
+
+
+async def test_a_same_node_bridge_counts_both_directions() -> None:
+    async with Node() as node:
+        office = node.create_vpn("office")
+        bridge = open_bridge(
+            node.vpn(),
+            BridgeSettings(
+                "to-office",
+                remote_vpn="office",
+                subscriptions=["in/>"],
+                topics=[TopicMapping("out/>", mode="PUB", excludes=["out/secret"])],
+            ),
+        )
+        for _ in range(3):
+            office.open_session().publish("in/x", b"")
+        node.vpn().open_session().publish("out/x", b"")
+        node.vpn().open_session().publish("out/secret", b"")
+        stats = bridge.statistics()
+        assert (stats.forwarded, stats.received) == (4, 3)  # 3 in, 1 out
+        assert stats.dropped == {"excluded": 1}
