@@ -451,14 +451,8 @@ class Link(ABC):
         return False
 
     def _admit(self, envelope: Envelope) -> bool:
-        """The ingress path shared by direct and guaranteed messages: de-duplication,
-        the stages, and the peer's publish rules. Return whether the message goes on."""
-        message = envelope.message
-        if self.dedup:
-            origin = message.options.origin
-            if origin is not None and self.vpn.links.origins.check(origin):
-                self.dropped["duplicate"] = self.dropped.get("duplicate", 0) + 1
-                return False
+        """The ingress path shared by direct and guaranteed messages: the stages, the
+        peer's publish rules, then de-duplication. Return whether the message goes on."""
         for stage, reason in self._ingress:
             if not stage(envelope):
                 if reason:
@@ -479,6 +473,14 @@ class Link(ABC):
             if len(self._admitted) >= 4096:
                 self._admitted.clear()
             self._admitted[topic] = None
+        # Last: a copy dropped above (one that came the long way round, over the hop
+        # limit, or over a link whose peer may not publish it) must not be remembered,
+        # or the copy that comes the short way would be taken for a duplicate.
+        if self.dedup:
+            origin = envelope.message.options.origin
+            if origin is not None and self.vpn.links.origins.check(origin):
+                self.dropped["duplicate"] = self.dropped.get("duplicate", 0) + 1
+                return False
         return True
 
     def receive(self, message: Message) -> bool:

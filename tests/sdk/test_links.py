@@ -244,6 +244,19 @@ async def test_a_peer_link_obeys_the_acl_of_the_identity_it_logged_in_as(node: N
     assert [m.topic for m in iter(subscriber.receive_nowait, None)] == ["in/1"]
 
 
+async def test_a_copy_a_peer_may_not_publish_does_not_hide_one_that_may(node: Node) -> None:
+    # The same message over two links: the first link's peer may not publish it, the
+    # second's may. The refused copy must not be remembered as seen.
+    deny = AclChecker(AclProfile("strict", publish_default="deny"), "strict", "strict")
+    strict, open_ = attached(node.vpn(), "strict", acl=deny), attached(node.vpn(), "open")
+    subscriber = node.connect()
+    subscriber.subscribe(">")
+    assert not strict.receive(Message("t", b"refused", origin=("x", 1)))
+    assert open_.receive(Message("t", b"taken", origin=("x", 1)))
+    assert [m.payload for m in iter(subscriber.receive_nowait, None)] == [b"taken"]
+    assert (strict.statistics().dropped, open_.statistics().dropped) == ({"denied": 1}, {})
+
+
 def test_the_origin_filter_forgets_after_its_window_and_beyond_its_size() -> None:
     clock = ManualClock()
     seen = OriginFilter(clock.monotonic, window=10, max_entries=3)
