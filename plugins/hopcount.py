@@ -4,9 +4,15 @@ A message's hop count (:attr:`~meshbus.Message.hop_count`, carried on the wire) 
 how many bridges it crossed. This plugin gives every link of kind ``"bridge"`` two
 stages:
 
-* going out, the message's count goes up by one; above the limit it is dropped;
+* going out, the message's count goes up by one; an end with a limit of its own (a
+  bridge: ``link.stash[SETTINGS]``) drops it there if it is now above the limit;
 * coming in, a message whose count is above the limit is dropped (a peer that does
   not count, or counts with a higher limit, cannot bring a loop in).
+
+So each crossing is counted once, by the sender, and judged by the bridge's limit
+whichever way it goes: on the way out of the bridge's end (messages it sends, PUB) or
+on the way into it (messages it asked for, SUB). An end a peer opened uses the node's
+limit for what comes in.
 
 Both drops are counted under ``hop_limit``, on the link (its statistics) and in total
 for the node (:func:`dropped`). With the default limit of 1 a message crosses one
@@ -88,10 +94,15 @@ def meshbus_link_pipeline(link: Link, pipeline: LinkPipeline) -> None:
     if link.kind not in KINDS:
         return
     node = link.vpn.node
-    settings = link.stash.get(SETTINGS, node.stash.get(SETTINGS, HopCountSettings()))
+    own = link.stash.get(SETTINGS, None)
+    settings = own if own is not None else node.stash.get(SETTINGS, HopCountSettings())
     if not settings.enabled:
         return
     limit = settings.hop_count_limit
+    # An end with a limit of its own (a configured bridge) holds what it sends to it;
+    # any other end (one a peer opened) only counts what it sends, and the bridge at
+    # the far end judges it: the limit of a crossing is the bridge's, not its peer's.
+    check_out = own is not None
     counter = node.stash.get(_DROPPED, None)
     if counter is None:
         counter = node.stash[_DROPPED] = _Counter()
@@ -99,7 +110,7 @@ def meshbus_link_pipeline(link: Link, pipeline: LinkPipeline) -> None:
     def count_out(envelope: Envelope) -> bool:
         hops = envelope.hop_count + 1
         envelope.hop_count = hops
-        if hops > limit:
+        if hops > limit and check_out:
             counter.dropped += 1
             return False
         return True

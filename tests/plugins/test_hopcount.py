@@ -65,10 +65,10 @@ async def test_two_bridges_both_ways_deliver_once_and_drop_the_returning_copy(
     assert [m.payload for m in drain(on_a)] == [b"x"]
     (crossed,) = drain(on_b)
     assert crossed.hop_count == 1
-    # b would send it back over its other bridge as its second hop: dropped there.
-    assert dropped(b, "hop_limit") == 1
-    assert hopcount.dropped(b) == 1
-    assert dropped(a, "hop_limit") == dropped(a, "duplicate") == 0
+    # b sends it back over a's bridge as its second hop; that bridge does not take it.
+    assert dropped(a, "hop_limit") == 1
+    assert hopcount.dropped(a) == 1
+    assert dropped(b, "hop_limit") == dropped(a, "duplicate") == 0
 
 
 async def test_without_hop_counting_origin_de_duplication_still_stops_the_loop(
@@ -96,7 +96,7 @@ async def test_a_larger_limit_bounds_the_duplicates_without_de_duplication(
     # a -> b (hop 1) -> a (hop 2), and no further: one duplicate, no loop.
     assert [m.hop_count for m in drain(on_a)] == [0, 2]
     assert [m.hop_count for m in drain(on_b)] == [1]
-    assert dropped(a, "hop_limit") == 1
+    assert dropped(b, "hop_limit") == 1  # its third crossing, judged by b's link
 
 
 async def test_a_message_above_the_limit_is_not_taken_in(mesh: Mesh) -> None:
@@ -174,3 +174,16 @@ def test_the_configuration_file_sets_the_node_limit_and_refuses_a_bad_one(
     assert len(found) == 2
     assert found[0].startswith("hopcount.limit: unknown key")
     assert found[1] == "hopcount.enabled: expected a boolean, got string 'yes'"
+
+
+async def test_a_copy_dropped_for_its_hop_count_does_not_hide_a_later_one(mesh: Mesh) -> None:
+    # A copy that came the long way round arrives first and is dropped; the copy that
+    # comes the short way must still be taken, not mistaken for a duplicate.
+    _, b = await two_bridges(mesh)
+    on_b = subscriber(b, "on-b")
+    (link,) = [link for link in b.vpn().links if link.name == "default-to-a"]
+    assert link.receive(Message("t", b"long way", hop_count=2, origin=("x", 1))) is False
+    assert link.receive(Message("t", b"short way", hop_count=1, origin=("x", 1))) is True
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(on_b)] == [b"short way"]
+    assert link.statistics().dropped == {"hop_limit": 1}

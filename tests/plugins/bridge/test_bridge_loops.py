@@ -1,0 +1,90 @@
+"""Loops of bridges (SPEC 7, 9): rings of nodes, each with a '>' bridge to both neighbours.
+
+Between two neighbours there are two bridges, one each way, so a message can also go
+straight back over the other one. With origin de-duplication on, every subscriber within
+the hop limit gets each publish exactly once (one beyond it gets none: hop counting
+stops the message first). With it off, hop counting alone bounds the copies: a node
+gets one per walk along the ring from the publisher of at most ``limit`` crossings,
+which :func:`walks` counts from that model rather than from the code under test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from meshbus import LinkState, Node
+from meshbus.plugins.bridge import BridgeSettings, open_bridge
+from meshbus.transports.testing import Mesh
+
+pytestmark = pytest.mark.anyio
+
+
+async def ring(mesh: Mesh, n: int, limit: int, dedup: bool) -> list[Node]:
+    """``n`` nodes, each with a '>' bridge to the next and to the one before."""
+    nodes = [await mesh.start(f"n{i}") for i in range(n)]
+    opened = []
+    for i, node in enumerate(nodes):
+        for j in {(i + 1) % n, (i - 1) % n}:
+            target = mesh.network.connectable(f"n{j}", source=node.name)
+            settings = BridgeSettings(
+                f"to-n{j}",
+                remotes=[target],
+                subscriptions=[">"],
+                hop_count_limit=limit,
+                dedup=dedup,
+            )
+            opened.append(open_bridge(node.vpn(), settings))
+    await mesh.clock.wait_for(lambda: all(b.state is LinkState.IN_SYNC for b in opened), within=30)
+    for node in nodes:  # what the far ends accepted de-duplicate as their bridges do
+        for link in node.vpn().links:
+            link.dedup = dedup
+    return nodes
+
+
+async def copies(mesh: Mesh, nodes: list[Node]) -> list[int]:
+    readers = []
+    for node in nodes:
+        session = node.connect(client_name=f"r-{node.name}")
+        session.subscribe(">")
+        readers.append(session)
+    await mesh.clock.settle()
+    nodes[0].connect(client_name="pub").publish("t", b"x")
+    await mesh.clock.settle()
+    return [len(list(iter(r.receive_nowait, None))) for r in readers]
+
+
+def walks(n: int, limit: int) -> list[int]:
+    """Copies per node of a publish on node 0 of a ring of ``n``: its own delivery, plus
+    one for each walk of 1 to ``limit`` steps to each neighbour, from node 0."""
+    at = [1] + [0] * (n - 1)  # walks of the current length ending at each node
+    copies = list(at)
+    for _ in range(limit):
+        at = [at[(i - 1) % n] + at[(i + 1) % n] for i in range(n)]
+        copies = [c + w for c, w in zip(copies, at, strict=True)]
+    return copies
+
+
+def within(n: int, limit: int) -> list[int]:
+    """1 for a node at most ``limit`` crossings from node 0 of a ring of ``n``, else 0."""
+    return [int(min(d, n - d) <= limit) for d in range(n)]
+
+
+@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("limit", [1, 2, 8])
+async def test_with_de_duplication_every_subscriber_gets_each_publish_once(
+    mesh: Mesh, n: int, limit: int
+) -> None:
+    nodes = await ring(mesh, n, limit, dedup=True)
+    assert await copies(mesh, nodes) == within(n, limit)
+
+
+@pytest.mark.parametrize(("n", "limit"), [(3, 1), (3, 2), (4, 1), (4, 2), (4, 3)])
+async def test_without_it_hop_counting_bounds_the_copies(mesh: Mesh, n: int, limit: int) -> None:
+    nodes = await ring(mesh, n, limit, dedup=False)
+    assert await copies(mesh, nodes) == walks(n, limit)
+
+
+def test_the_model_counts_walks() -> None:
+    assert walks(4, 1) == [1, 1, 0, 1]
+    assert walks(4, 2) == [3, 1, 2, 1]  # back to the publisher twice; the far node twice
+    assert within(4, 1) == [1, 1, 0, 1]
