@@ -375,13 +375,17 @@ class WireLink(Link):
                         await dialer.wait()
                         continue
                     up_since = node.clock.monotonic()
-                    reason = await self.serve(
-                        connection,
-                        welcome.node_id,
-                        welcome.cluster,
-                        keepalive=welcome.keepalive,
-                        keepalive_timeout=welcome.keepalive_timeout,
-                    )
+                    try:
+                        reason = await self.serve(
+                            connection,
+                            welcome.node_id,
+                            welcome.cluster,
+                            keepalive=welcome.keepalive,
+                            keepalive_timeout=welcome.keepalive_timeout,
+                        )
+                    finally:  # this side made it: it closes it, stopped or not
+                        with anyio.CancelScope(shield=True):
+                            await connection.aclose()
                     if self._stopped:
                         break
                     if node.clock.monotonic() - up_since >= self.stable_period:

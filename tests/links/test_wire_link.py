@@ -365,3 +365,15 @@ async def test_what_the_accepting_side_asks_for_as_the_link_opens_arrives(mesh: 
     message = subscriber.receive_nowait()
     assert message is not None
     assert message.payload == b"from b"
+
+
+async def test_a_dialling_link_closes_its_connection_when_it_stops(mesh: Mesh) -> None:
+    await mesh.start("a")
+    b = await mesh.start("b")
+    link = mesh.link(b, "a", wants=["t/>"])
+    await mesh.in_sync(link)
+    connection = link._connection
+    assert connection is not None
+    link.stop()
+    await mesh.clock.settle()
+    assert connection.closed  # not left for the garbage collector (an unclosed socket)
