@@ -34,6 +34,16 @@ EXPECTED: dict[str, list[str]] = {
         "a's queue holds 0 messages",
         "link pair-b: forwarded=1 interest=1",
     ],
+    "bridges.py": [
+        "office got plant-7/alarms/press-3: overheated (hop count 1)",
+        "excluded on the way: {'excluded': 1}",
+        "cloud bridge to the plant: in-sync",
+        "cloud board got status/line-1: running",
+        "cloud queue got readings/0: 40 kWh",
+        "cloud queue got readings/2: 42 kWh",
+        "plant's queue for the cloud holds 0",
+        "plant reader got news/today once (extra copies: 0)",
+    ],
     "custom_plugin.py": [
         "routers of VPN 'default': ('audit', 'direct', 'links')",
         "audit: shop logged in to default as default",
