@@ -70,7 +70,7 @@ def within(n: int, limit: int) -> list[int]:
 
 
 @pytest.mark.parametrize("n", [3, 4])
-@pytest.mark.parametrize("limit", [1, 2, 8])
+@pytest.mark.parametrize("limit", [1, 2, 3, 8])
 async def test_with_de_duplication_every_subscriber_gets_each_publish_once(
     mesh: Mesh, n: int, limit: int
 ) -> None:
