@@ -663,6 +663,11 @@ class LinkRouter:
 
 def with_origin(message: Message, origin: tuple[str, int]) -> Message:
     """``message`` with its origin set (the first time it leaves its node)."""
+    return restamped(message, origin, message.options.hop_count)
+
+
+def restamped(message: Message, origin: tuple[str, int] | None, hop_count: int) -> Message:
+    """``message`` with another origin and hop count (what crossing a link changes)."""
     o = message.options
     options = MessageOptions(
         o.delivery_mode,
@@ -675,11 +680,11 @@ def with_origin(message: Message, origin: tuple[str, int]) -> Message:
         o.message_id,
         o.destination,
         origin,
-        o.hop_count,
+        hop_count,
         o.expires_at,
         o.size,
     )
-    # Slot by slot (not make_message): it runs for every message leaving its node, and
+    # Slot by slot (not make_message): it runs for every message crossing a link, and
     # the size is the same, as the options hold the same headers.
     new: Message = _new(Message)
     new.topic = message.topic  # type: ignore[misc]

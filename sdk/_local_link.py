@@ -19,15 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._links import Link, LinkState
-from ._messages import Envelope, Message, MessageOptions
+from ._links import Link, LinkState, restamped
+from ._messages import Envelope
 
 if TYPE_CHECKING:
     from ._vpn import Vpn
 
 __all__ = ["LocalLink"]
-
-_new = object.__new__
 
 
 class LocalLink(Link):
@@ -77,7 +75,7 @@ class LocalLink(Link):
             return False
         message = envelope.message
         if envelope.hop_count != message.options.hop_count:
-            message = _with_hop_count(message, envelope.hop_count)
+            message = restamped(message, message.options.origin, envelope.hop_count)
         peer.receive(message)
         return True
 
@@ -87,30 +85,3 @@ class LocalLink(Link):
             if end is not None and end.attached:
                 end.reason = reason
                 end.vpn.links.detach(end)
-
-
-def _with_hop_count(message: Message, hop_count: int) -> Message:
-    o = message.options
-    options = MessageOptions(
-        o.delivery_mode,
-        o.headers,
-        o.eliding_eligible,
-        o.reply_to,
-        o.correlation_id,
-        o.discard_indication,
-        o.redelivered,
-        o.message_id,
-        o.destination,
-        o.origin,
-        hop_count,
-        o.expires_at,
-        o.size,
-    )
-    new: Message = _new(Message)
-    new.topic = message.topic  # type: ignore[misc]
-    new.payload = message.payload  # type: ignore[misc]
-    new.sender = message.sender  # type: ignore[misc]
-    new.timestamp = message.timestamp  # type: ignore[misc]
-    new.options = options  # type: ignore[misc]
-    new.size = message.size  # type: ignore[misc]
-    return new
