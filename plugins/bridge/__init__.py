@@ -14,7 +14,15 @@ fail-back, a forward-latency histogram and bridge counters in ``meshbus stats``
 """
 
 from ._bridge import BRIDGE, Bridge, BridgeSettings, bridges, open_bridge, totals
-from ._mapping import EXCLUDED, NO_MATCH, TOO_SHORT, Mapped, TopicMapper, TopicMapping
+from ._mapping import (
+    EXCLUDED,
+    NO_MATCH,
+    TOO_SHORT,
+    Mapped,
+    TopicMapper,
+    TopicMapping,
+    directions,
+)
 
 __all__ = [
     "BRIDGE",
@@ -27,6 +35,7 @@ __all__ = [
     "TopicMapper",
     "TopicMapping",
     "bridges",
+    "directions",
     "open_bridge",
     "totals",
 ]

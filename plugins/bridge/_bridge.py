@@ -41,7 +41,7 @@ from meshbus.plugins.hopcount import SETTINGS as HOP_SETTINGS
 from meshbus.plugins.hopcount import HopCountSettings
 from meshbus.transports import Backoff, ConnectSettings, TlsSettings, WireLink
 
-from ._mapping import NO_MATCH, Mapped, TopicMapper, TopicMapping
+from ._mapping import NO_MATCH, Mapped, TopicMapper, TopicMapping, directions
 
 __all__ = ["Bridge", "BridgeSettings", "bridges", "open_bridge", "totals"]
 
@@ -117,32 +117,26 @@ class Bridge:
         variables = {**settings.variables, "bridge.name": settings.name}
         self._variables = variables
         self._subscriptions: dict[str, None] = dict.fromkeys(settings.subscriptions)
-        problems = []
-        for mode in ("PUB", "SUB"):
-            try:
-                TopicMapper(
-                    [m for m in settings.topics if m.mode == mode],
-                    variables,
-                    limits=vpn.topic_limits,
-                )
-            except ConfigurationError as exc:
-                problems.append(str(exc))
-        if any(m.mode not in ("PUB", "SUB") for m in settings.topics):
-            problems.append("a topic mapping's mode must be 'PUB' or 'SUB'")
-        if problems:
-            raise ConfigurationError(f"bridge {settings.name!r}: " + "\n".join(problems))
-        self.pub = TopicMapper(
-            [m for m in settings.topics if m.mode == "PUB"], variables, limits=vpn.topic_limits
-        )
-        self.sub = self._sub_mapper()
+        try:
+            self.pub, self.sub = directions(
+                settings.topics,
+                variables,
+                subscriptions=self._subscriptions,
+                limits=vpn.topic_limits,
+            )
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"bridge {settings.name!r}: {exc}", exc.problems) from None
         #: Its link: a WireLink to the remote node, or this end of a LocalLink pair.
         self.link: Link
         self._far: LocalLink | None = None
 
     def _sub_mapper(self) -> TopicMapper:
-        mappings = [m for m in self.settings.topics if m.mode == "SUB"]
-        mappings += [TopicMapping(f) for f in self._subscriptions]
-        return TopicMapper(mappings, self._variables, limits=self.vpn.topic_limits)
+        return directions(
+            self.settings.topics,
+            self._variables,
+            subscriptions=self._subscriptions,
+            limits=self.vpn.topic_limits,
+        )[1]
 
     # --- what the bridge asks of the remote ------------------------------------------
 

@@ -29,7 +29,7 @@ import attrs
 from meshbus import ConfigContext, ConfigReader, ConfigSection, ConfigurationError, Vpn
 
 from ._bridge import BRIDGE, BridgeSettings, open_bridge
-from ._mapping import TopicMapper, TopicMapping
+from ._mapping import TopicMapping, directions
 
 __all__ = ["SECTIONS"]
 
@@ -87,14 +87,12 @@ def _read_bridge(
     names.add(name)
     mapped = True
     if extra["topics"] is not None and extra["variables"] is not None:
-        variables_all = {**extra["variables"], "bridge.name": name}
-        for mode in ("PUB", "SUB"):
-            try:
-                TopicMapper([m for m in extra["topics"] if m.mode == mode], variables_all)
-            except ConfigurationError as exc:
-                mapped = False
-                for line in str(exc).splitlines()[1:]:
-                    reader.report(topics_at, line.strip().removeprefix("- "))
+        try:
+            directions(extra["topics"], {**extra["variables"], "bridge.name": name})
+        except ConfigurationError as exc:
+            mapped = False
+            for problem in exc.problems:
+                reader.report(topics_at, problem)
     settings = reader.attrs_value(
         BridgeSettings,
         {k: v for k, v in table.items() if k not in _OWN and k != "name"},

@@ -28,7 +28,7 @@ topic, so a stream of messages on few topics maps each topic once.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 import attrs
@@ -49,6 +49,7 @@ __all__ = [
     "Mapped",
     "TopicMapper",
     "TopicMapping",
+    "directions",
 ]
 
 Mode = Literal["PUB", "SUB"]
@@ -260,20 +261,23 @@ class TopicMapper:
         variables: Mapping[str, str] | None = None,
         *,
         limits: TopicLimits = _DEFAULT_LIMITS,
+        numbers: Iterable[int] | None = None,
     ) -> None:
         variables = dict(variables or {})
         errors: list[str] = []
         self.mappings = tuple(mappings)
         self._rules: list[_Rule] = []
         self._index: SubscriptionIndex[int] = SubscriptionIndex()
-        for i, mapping in enumerate(self.mappings):
-            where = f"topic mapping {i + 1} ({mapping.filter!r})"
+        if numbers is None:
+            numbers = range(1, len(self.mappings) + 1)
+        for number, mapping in zip(numbers, self.mappings, strict=True):
+            where = f"topic mapping {number} ({mapping.filter!r})"
             rule = self._compile(mapping, variables, limits, errors, where)
             if rule is not None:
                 self._index.add(rule.filter, len(self._rules))
                 self._rules.append(rule)
         if errors:
-            raise ConfigurationError("bad topic mapping:\n" + "\n".join(f"  - {e}" for e in errors))
+            raise ConfigurationError(_listed(errors), errors)
         self._cache: dict[str, Mapped | _Outcome] = {}
 
     @staticmethod
@@ -349,3 +353,46 @@ class TopicMapper:
         if mapped is None:
             return TOO_SHORT
         return Mapped(mapped, rule.preserve_retained)
+
+
+def _listed(problems: list[str]) -> str:
+    return "bad topic mapping:" + "".join(f"\n  - {p}" for p in problems)
+
+
+def directions(
+    mappings: Sequence[TopicMapping],
+    variables: Mapping[str, str],
+    *,
+    subscriptions: Iterable[str] = (),
+    limits: TopicLimits = _DEFAULT_LIMITS,
+) -> tuple[TopicMapper, TopicMapper]:
+    """A bridge's PUB and SUB mappers, with its plain ``subscriptions`` last in SUB
+    (topics kept). Mappings are numbered by their place in ``mappings``.
+
+    :raises ConfigurationError: listing every problem of both directions.
+    """
+    problems = [
+        f"topic mapping {i} ({m.filter!r}): mode must be 'PUB' or 'SUB', not {m.mode!r}"
+        for i, m in enumerate(mappings, 1)
+        if m.mode not in ("PUB", "SUB")
+    ]
+    mappers = []
+    for mode in ("PUB", "SUB"):
+        chosen = [(i, m) for i, m in enumerate(mappings, 1) if m.mode == mode]
+        if mode == "SUB":
+            after = len(mappings) + 1
+            chosen += [(after + i, TopicMapping(f)) for i, f in enumerate(subscriptions)]
+        try:
+            mappers.append(
+                TopicMapper(
+                    [m for _, m in chosen],
+                    variables,
+                    limits=limits,
+                    numbers=[i for i, _ in chosen],
+                )
+            )
+        except ConfigurationError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigurationError(_listed(problems), problems)
+    return mappers[0], mappers[1]

@@ -13,6 +13,7 @@ from meshbus.plugins.bridge import (
     Mapped,
     TopicMapper,
     TopicMapping,
+    directions,
 )
 
 TOPIC = "site/cell/department/machine"
@@ -152,3 +153,20 @@ def test_every_problem_of_every_mapping_is_listed_at_once() -> None:
 def test_filters_are_held_to_the_vpn_topic_limits() -> None:
     with pytest.raises(ConfigurationError, match="topic mapping 1"):
         TopicMapper([TopicMapping("a/b/c/d")], limits=TopicLimits(max_levels=3))
+
+
+def test_a_bridge_s_two_directions_number_its_mappings_as_it_lists_them() -> None:
+    mappings = [
+        TopicMapping("a/>", mode="PUB", destination="x/{#}"),
+        TopicMapping("*/*", mode="SUB", destination="{3}"),
+        TopicMapping("c/>", mode="ANY"),  # type: ignore[arg-type]
+    ]
+    with pytest.raises(ConfigurationError) as caught:
+        directions(mappings, {})
+    assert caught.value.problems == [
+        "topic mapping 3 ('c/>'): mode must be 'PUB' or 'SUB', not 'ANY'",
+        "topic mapping 2 ('*/*'): destination: {3} reaches level 3, but the filter '*/*' "
+        "takes topics of 2 levels",
+    ]
+    pub, sub = directions(mappings[:1], {}, subscriptions=["s/>"])
+    assert (pub.filters, sub.filters) == (("a/>",), ("s/>",))
