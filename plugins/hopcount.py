@@ -23,10 +23,16 @@ the core, SPEC 7) is what makes any graph of bridges deliver each message once.
 The limit is the node's (:func:`configure`, or ``[hopcount]`` in the configuration
 file), or a link's own: put a :class:`HopCountSettings` in ``link.stash[SETTINGS]``
 before the link is attached (a bridge does that from its ``hop_count_limit``).
+
+With ``hide_from_clients`` the node's client sessions get direct messages with a hop
+count of 0, except those whose client name matches one of ``shown_to`` (configure
+the node before sessions open).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -39,9 +45,12 @@ from meshbus import (
     Envelope,
     Link,
     LinkPipeline,
+    Message,
     Node,
+    Session,
     StashKey,
     hookimpl,
+    make_message,
 )
 
 __all__ = ["KINDS", "REASON", "SETTINGS", "HopCountSettings", "configure", "dropped"]
@@ -57,6 +66,14 @@ def _limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> 
         raise ValueError(f"hop_count_limit must be an int >= 1, got {value!r}")
 
 
+def _patterns(instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    for pattern in value:
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as exc:
+            raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+
+
 @attrs.frozen
 class HopCountSettings:
     """How bridges count hops (SPEC 9)."""
@@ -65,6 +82,12 @@ class HopCountSettings:
     """Count hops and drop above the limit (``False``: the stages are left out)."""
     hop_count_limit: int = attrs.field(default=1, validator=_limit)
     """The most bridges a message may cross."""
+    hide_from_clients: bool = False
+    """Deliver direct messages to the node's client sessions with a hop count of 0 (a
+    node-wide setting). Such a session's deliveries then go through one more step."""
+    shown_to: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_patterns)
+    """Regular expressions of client names that still see the hop count when it is
+    hidden (matched against the whole name)."""
 
 
 class _Counter:
@@ -125,6 +148,31 @@ def meshbus_link_pipeline(link: Link, pipeline: LinkPipeline) -> None:
     pipeline.add_ingress("hopcount", check_in, reason=REASON)
 
 
+@hookimpl(trylast=True)  # after eliding, which puts its own step in front of the session
+def meshbus_session_opened(session: Session) -> None:
+    settings = session.node.stash.get(SETTINGS, None)
+    if settings is None or not settings.hide_from_clients:
+        return
+    name = session.client_name or ""
+    if any(re.fullmatch(pattern, name) for pattern in settings.shown_to):
+        return
+    inner: Callable[[Message], None] = session.deliver
+
+    def without_hop_count(message: Message) -> None:
+        options = message.options
+        if options.hop_count:
+            message = make_message(
+                message.topic,
+                message.payload,
+                message.sender,
+                message.timestamp,
+                attrs.evolve(options, hop_count=0),
+            )
+        inner(message)
+
+    session.deliver = without_hop_count
+
+
 def _read(
     reader: ConfigReader, raw: object, path: str, context: ConfigContext
 ) -> HopCountSettings | None:
@@ -142,7 +190,7 @@ def meshbus_config_sections(sections: ConfigSections) -> None:
             "node",
             _read,
             configure=configure,
-            summary="how bridges count hops: enabled, hop_count_limit",
+            summary="how bridges count hops: enabled, hop_count_limit, hide_from_clients, shown_to",
         ),
         plugin="hopcount",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from meshbus import DEFAULT_PLUGINS, ConfigurationError, Envelope, Message, Node
@@ -187,3 +188,28 @@ async def test_a_copy_dropped_for_its_hop_count_does_not_hide_a_later_one(mesh: 
     await mesh.clock.settle()
     assert [m.payload for m in drain(on_b)] == [b"short way"]
     assert link.statistics().dropped == {"hop_limit": 1}
+
+
+async def test_the_hop_count_can_be_hidden_from_clients_but_some(mesh: Mesh) -> None:
+    a = await mesh.start("a")
+    b = await mesh.start("b")
+    hopcount.configure(b, HopCountSettings(hide_from_clients=True, shown_to=["bridge-.*"]))
+    link = mesh.link(b, "a", wants=[">"])
+    await mesh.in_sync(link)
+    plain = subscriber(b, "dashboard")
+    shown = subscriber(b, "bridge-mqtt-1")
+    eliding = b.vpn()
+    profile = attrs.evolve(eliding.client_profiles["default"], name="elided", eliding_enabled=True)
+    eliding.add_client_profile(profile)
+    eliding.add_user("elided", client_profile="elided")
+    elided = b.connect(username="elided", client_name="elided")
+    elided.subscribe(">")
+    a.connect(client_name="pub").publish("t", b"x", headers={"k": "v"})
+    await mesh.clock.settle()
+
+    (hidden,) = drain(plain)
+    assert (hidden.hop_count, hidden.sender, hidden.headers) == (0, "pub", {"k": "v"})
+    assert [m.hop_count for m in drain(shown)] == [1]
+    assert [m.hop_count for m in drain(elided)] == [0]  # behind eliding's step too
+    with pytest.raises(ValueError, match="not a regular expression"):
+        HopCountSettings(shown_to=["("])
