@@ -164,8 +164,9 @@ class Bridge:
 
     def remove_subscription(self, topic_filter: str) -> None:
         """Stop asking the remote VPN for ``topic_filter``."""
-        if self._subscriptions.pop(topic_filter, 0) == 0:
+        if topic_filter not in self._subscriptions:
             return
+        del self._subscriptions[topic_filter]
         self.sub = self._sub_mapper()
         if topic_filter not in self.sub.filters:
             self._unwant(topic_filter)
