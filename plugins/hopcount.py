@@ -9,6 +9,9 @@ stages:
 * coming in, a message whose count is above the limit is dropped (a peer that does
   not count, or counts with a higher limit, cannot bring a loop in).
 
+A guaranteed message that a peer pulls from a queue here (a flow it bound) goes
+through the same outgoing stage (:meth:`~meshbus.Link.outgoing`) before it is sent.
+
 So each crossing is counted once, by the sender, and judged by the bridge's limit
 whichever way it goes: on the way out of the bridge's end (messages it sends, PUB) or
 on the way into it (messages it asked for, SUB). An end a peer opened uses the node's

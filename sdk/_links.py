@@ -450,6 +450,23 @@ class Link(ABC):
         self.forward_failures += 1
         return False
 
+    def outgoing(self, message: Message) -> Message | None:
+        """Run the egress stages on a message the link sends other than through its VPN's
+        router: a guaranteed message of a flow the peer bound to a queue here. Return
+        the message as it leaves (its hop count, a mapped topic), or ``None`` when a
+        stage stopped it (counted; the queue should let go of it)."""
+        envelope = Envelope(message, self, mode=message.delivery_mode)
+        for stage, reason in self._egress:
+            if not stage(envelope):
+                if reason:
+                    self.dropped[reason] = self.dropped.get(reason, 0) + 1
+                return None
+        self.forwarded += 1
+        out = envelope.message
+        if envelope.hop_count != out.options.hop_count:
+            out = restamped(out, out.options.origin, envelope.hop_count)
+        return out
+
     def _admit(self, envelope: Envelope) -> bool:
         """The ingress path shared by direct and guaranteed messages: the stages, the
         peer's publish rules, then de-duplication. Return whether the message goes on."""

@@ -9,6 +9,7 @@ peer bound to their queues (FLOW_DELIVER within the flow's window, acks, unbinds
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -74,8 +75,16 @@ class ServedFlows:
     :param answers: how BIND and UNBIND are answered.
     """
 
-    def __init__(self, connection: Connection, answers: Answers) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        answers: Answers,
+        outgoing: Callable[[Message], Message | None] | None = None,
+    ) -> None:
         self.connection = connection
+        #: What each message goes through before it is sent (a link's egress stages):
+        #: the message to send, or ``None`` to let the queue go of it unsent.
+        self.outgoing = outgoing
         self.protocol = connection.protocol
         self.answers = answers
         self._flows: dict[int, tuple[Flow, _Feeder, dict[int, Message]]] = {}
@@ -135,9 +144,13 @@ class ServedFlows:
                 return
             message_id = message.message_id
             assert message_id is not None
+            sent = message if self.outgoing is None else self.outgoing(message)
+            if sent is None:
+                flow.ack(message)  # stopped on the way out (counted there): settled
+                continue
             unacked[message_id] = message
             now = self.connection.clock.time()
-            protocol.send_raw(encode_flow_deliver(number, message_id, message, now))
+            protocol.send_raw(encode_flow_deliver(number, message_id, sent, now))
             await self.connection.flush()
 
     async def unbind(self, event: ev.Unbind) -> None:

@@ -423,7 +423,7 @@ class WireLink(Link):
         self._connection = connection
         self._writes_nowait = connection.writes_nowait
         self._answers = answers = Answers(connection)
-        self._served = ServedFlows(connection, answers)
+        self._served = ServedFlows(connection, answers, self.outgoing)
         self._wake.set()  # what the login queued (an accepting side's WELCOME) goes first
         self.opened(peer_node, peer_cluster)
         reason = "closed"

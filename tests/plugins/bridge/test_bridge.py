@@ -278,3 +278,42 @@ async def test_a_same_node_bridge_counts_both_directions() -> None:
         stats = bridge.statistics()
         assert (stats.forwarded, stats.received) == (4, 3)  # 3 in, 1 out
         assert stats.dropped == {"excluded": 1}
+
+
+async def test_guaranteed_messages_pulled_over_a_bridge_count_their_hops(mesh: Mesh) -> None:
+    # edge -> middle -> local, each step a bridge pulling a queue (limit 1 on the last).
+    edge, middle, local = [await mesh.start(n) for n in ("edge", "middle", "local")]
+    edge.guaranteed.create_queue("E", subscriptions=["g/>"])
+    middle.guaranteed.create_queue("M", subscriptions=["g/>"])
+    local.guaranteed.create_queue("L", subscriptions=["g/>"])
+    first = open_bridge(
+        middle.vpn(),
+        BridgeSettings(
+            "from-edge",
+            remotes=[mesh.network.connectable("edge", source="middle")],
+            queues=["E"],
+            hop_count_limit=2,
+        ),
+    )
+    second = open_bridge(
+        local.vpn(),
+        BridgeSettings(
+            "from-middle",
+            remotes=[mesh.network.connectable("middle", source="local")],
+            queues=["M"],
+        ),
+    )
+    await mesh.clock.wait_for(lambda: first.state is second.state is LinkState.IN_SYNC, within=10)
+    await edge.connect().send("g/far", b"two bridges away")
+    await middle.connect().send("g/near", b"one bridge away")
+    await mesh.clock.settle()
+
+    assert local.guaranteed.queue("L").usage()[0] == 1
+    flow = await local.connect().bind("L")
+    message = await flow.receive()
+    assert (message.payload, message.hop_count) == (b"one bridge away", 1)
+    # The other crossed its second bridge above the limit: dropped, counted, and
+    # let go of on the middle node, not left in its queue.
+    assert second.statistics().dropped == {"hop_limit": 1}
+    assert middle.guaranteed.queue("M").usage()[0] == 0
+    assert edge.guaranteed.queue("E").usage()[0] == 0
