@@ -125,6 +125,9 @@ class WireLink(Link):
         :meth:`send` refuses more (counted as forward failures).
     :param stable_period: seconds a connection must stay up before the delay
         between reconnects starts again from its shortest (SPEC 7).
+    :param fail_back: while connected to a target other than the first, try the
+        better-ordered ones every this many seconds and move to the first that takes
+        the login (``None``: stay until the connection ends).
     """
 
     def __init__(
@@ -142,12 +145,14 @@ class WireLink(Link):
         retry_interval: float = 1.0,
         max_pending_bytes: int = 16 * 1024 * 1024,
         stable_period: float = 30.0,
+        fail_back: float | None = None,
     ) -> None:
         super().__init__(vpn, name, kind, dedup=dedup, endpoint=endpoint, acl=acl, profile=profile)
         self.settings = settings
         self.session = session
         self.retry_interval = retry_interval
         self.stable_period = stable_period
+        self.fail_back = fail_back
         self.max_pending_bytes = max_pending_bytes
         #: Called with the peer's ADVERTISE frames (gaps already dealt with).
         self.on_advertise: AdvertiseHandler | None = None
@@ -360,41 +365,80 @@ class WireLink(Link):
         hello = settings.hello(None)
         hello["link"] = ev.LinkLogin(self.kind, self.name, node.node_id, node.cluster).encode()
         self._scope = anyio.CancelScope()
+        better: list[tuple[Connection, ev.Welcome]] = []  # what fail-back found
         try:
             with self._scope:
                 while not self._stopped:
-                    self.set_state(LinkState.CONNECTING)
-                    try:
-                        connection, welcome = await dialer.login(hello)
-                    except (TransportError, AccessDeniedError, ProtocolError) as exc:
-                        self.connect_failures += 1
-                        log.warning(
-                            "link %r: connecting to %s failed: %s", self.name, dialer.target, exc
-                        )
-                        self.set_state(LinkState.BACKOFF, str(exc))
-                        await dialer.wait()
-                        continue
+                    if better:
+                        connection, welcome = better.pop()
+                    else:
+                        self.set_state(LinkState.CONNECTING)
+                        try:
+                            connection, welcome = await dialer.login(hello)
+                        except (TransportError, AccessDeniedError, ProtocolError) as exc:
+                            self.connect_failures += 1
+                            log.warning(
+                                "link %r: connecting to %s failed: %s",
+                                self.name,
+                                dialer.target,
+                                exc,
+                            )
+                            self.set_state(LinkState.BACKOFF, str(exc))
+                            await dialer.wait()
+                            continue
                     up_since = node.clock.monotonic()
                     try:
-                        reason = await self.serve(
-                            connection,
-                            welcome.node_id,
-                            welcome.cluster,
-                            keepalive=welcome.keepalive,
-                            keepalive_timeout=welcome.keepalive_timeout,
-                        )
+                        async with anyio.create_task_group() as tg:
+                            if self.fail_back is not None and dialer.index > 0:
+                                tg.start_soon(self._fail_back, dialer, hello, better)
+                            reason = await self.serve(
+                                connection,
+                                welcome.node_id,
+                                welcome.cluster,
+                                keepalive=welcome.keepalive,
+                                keepalive_timeout=welcome.keepalive_timeout,
+                            )
+                            tg.cancel_scope.cancel()
                     finally:  # this side made it: it closes it, stopped or not
                         with anyio.CancelScope(shield=True):
                             await connection.aclose()
+                            if self._stopped:
+                                for unused, _ in better:
+                                    await unused.aclose()
                     if self._stopped:
                         break
                     if node.clock.monotonic() - up_since >= self.stable_period:
                         dialer.backoff.reset()  # a flapping connection keeps backing off
+                    if better:
+                        log.info("link %r moved back to %s", self.name, dialer.target)
+                        continue
                     log.warning("link %r to %s lost: %s", self.name, dialer.target, reason)
                     await dialer.wait()
         finally:
             self._stopped = True
             self.vpn.links.detach(self)
+
+    async def _fail_back(
+        self, dialer: Dialer, hello: dict[str, Any], found: list[tuple[Connection, ev.Welcome]]
+    ) -> None:
+        """While connected to a later target, try the better-ordered ones every
+        :attr:`fail_back` seconds; the first that takes the login replaces the current
+        connection (ended here, reconnected at once by :meth:`run`)."""
+        assert self.fail_back is not None
+        clock = self.vpn.node.clock
+        current = dialer.index
+        while True:
+            await clock.sleep_until(clock.monotonic() + self.fail_back)
+            try:
+                login = await dialer.login(hello, stop=current)
+            except (TransportError, AccessDeniedError, ProtocolError) as exc:
+                log.debug("link %r: no better target yet: %s", self.name, exc)
+                continue
+            found.append(login)
+            self.reason = f"moving back to {dialer.target}"
+            if self._serving is not None:
+                self._serving.cancel()
+            return
 
     def stop(self, reason: str = "stopped") -> None:
         """Close the link for good: its connection closes and it leaves its VPN (state

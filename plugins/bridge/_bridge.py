@@ -61,6 +61,11 @@ def _window(instance: object, attribute: attrs.Attribute[Any], value: object) ->
         raise ValueError(f"must be an int from 1 to 65535, got {value!r}")
 
 
+def _seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"must be a positive number of seconds, got {value!r}")
+
+
 @attrs.frozen
 class BridgeSettings:
     """What a bridge joins and what crosses it (SPEC 7)."""
@@ -102,6 +107,11 @@ class BridgeSettings:
     """Drop a message whose origin the VPN saw within the origin window (SPEC 7)."""
     backoff: Backoff | None = None
     """Delays between reconnects (default: 1 s doubling to 2 min, with jitter)."""
+    fail_back: bool = True
+    """While connected to a remote other than the first, move back to a better-ordered
+    one once it takes the login again."""
+    fail_back_interval: float = attrs.field(default=30.0, validator=_seconds)
+    """Seconds between attempts to reach the better-ordered remotes."""
 
 
 class Bridge:
@@ -287,7 +297,14 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
             backoff=settings.backoff,
             clock=vpn.node.clock,
         )
-        link: Link = WireLink(vpn, name, kind="bridge", settings=connect, dedup=settings.dedup)
+        link: Link = WireLink(
+            vpn,
+            name,
+            kind="bridge",
+            settings=connect,
+            dedup=settings.dedup,
+            fail_back=settings.fail_back_interval if settings.fail_back else None,
+        )
         for topic_filter in bridge.wants:
             link.want(topic_filter)
         for queue in settings.queues:

@@ -317,3 +317,61 @@ async def test_guaranteed_messages_pulled_over_a_bridge_count_their_hops(mesh: M
     assert second.statistics().dropped == {"hop_limit": 1}
     assert middle.guaranteed.queue("M").usage()[0] == 0
     assert edge.guaranteed.queue("E").usage()[0] == 0
+
+
+async def test_a_bridge_fails_over_in_connect_order_and_back(mesh: Mesh) -> None:
+    local, first, second = [await mesh.start(n) for n in ("local", "first", "second")]
+    network = mesh.network
+    mesh.network.partition("local", "first")
+    bridge = open_bridge(
+        local.vpn(),
+        BridgeSettings(
+            "replicas",
+            remotes=[network.connectable(n, source="local") for n in ("first", "second")],
+            subscriptions=["a/>"],
+            fail_back_interval=30.0,
+        ),
+    )
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    assert bridge.link.peer_node == "second"  # the first did not answer: the next one
+    everything = reader(local)
+
+    network.heal("local", "first")
+    await mesh.clock.run(25)
+    assert bridge.link.peer_node == "second"  # not before the interval
+    await mesh.clock.wait_for(
+        lambda: bridge.link.peer_node == "first" and bridge.state is LinkState.IN_SYNC,
+        within=10,
+    )
+    await mesh.clock.settle()
+    assert len(second.vpn().links) == 0  # the connection to the second is closed
+    assert network.connections("local", "second") == 0
+    first.connect().publish("a/1", b"from the first again")
+    second.connect().publish("a/2", b"not from the second")
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(everything)] == [b"from the first again"]
+
+    network.partition("local", "first")  # and over again when the first goes
+    await mesh.clock.wait_for(
+        lambda: bridge.link.peer_node == "second" and bridge.state is LinkState.IN_SYNC,
+        within=60,
+    )
+    stats = bridge.statistics()
+    assert (stats.connects, stats.disconnects) == (3, 2)
+
+
+async def test_a_bridge_told_not_to_fail_back_stays(mesh: Mesh) -> None:
+    local, _, _ = [await mesh.start(n) for n in ("local", "first", "second")]
+    mesh.network.partition("local", "first")
+    bridge = open_bridge(
+        local.vpn(),
+        BridgeSettings(
+            "replicas",
+            remotes=[mesh.network.connectable(n, source="local") for n in ("first", "second")],
+            fail_back=False,
+        ),
+    )
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    mesh.network.heal("local", "first")
+    await mesh.clock.run(600)
+    assert (bridge.link.peer_node, bridge.statistics().connects) == ("second", 1)
