@@ -27,6 +27,21 @@ class Backoff:
         self._rng = rng or random.Random()
         self.attempt = 0
 
+    def __eq__(self, other: object) -> bool:
+        """Two backoffs are equal when their policy is (not the attempts they counted)."""
+        if not isinstance(other, Backoff):
+            return NotImplemented
+        return self._policy() == other._policy()
+
+    def __hash__(self) -> int:
+        return hash(self._policy())
+
+    def __repr__(self) -> str:
+        return f"Backoff(initial={self.initial}, maximum={self.maximum}, jitter={self.jitter})"
+
+    def _policy(self) -> tuple[float, float, float]:
+        return (self.initial, self.maximum, self.jitter)
+
     def next_delay(self) -> float:
         """The delay before the next attempt (and count the attempt)."""
         base = min(self.maximum, self.initial * 2.0 ** min(self.attempt, 64))

@@ -7,10 +7,11 @@ messages between a VPN of this node and a VPN of another node (over a
 :class:`~meshbus.LocalLink`), with remote subscriptions changeable while running,
 topic mapping in both directions (:class:`TopicMapper`), hop counting and origin
 de-duplication, and guaranteed flows bound to remote queues (each message spooled
-to all matching local endpoints before its ack). Not built yet: guaranteed messages
-over a same-node bridge, sharing one connection between the two bridges of a pair,
-fail-back, a forward-latency histogram and bridge counters in ``meshbus stats``
-(:meth:`Bridge.statistics` and :func:`totals` have the counters).
+to all matching local endpoints before its ack), failover in connect order and
+fail-back. Not built yet: guaranteed messages over a same-node bridge, sharing one
+connection between the two bridges of a pair, a forward-latency histogram and
+bridge counters in ``meshbus stats`` (:meth:`Bridge.statistics` and :func:`totals`
+have the counters).
 """
 
 from ._bridge import BRIDGE, Bridge, BridgeSettings, bridges, open_bridge, totals

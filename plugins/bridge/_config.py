@@ -9,6 +9,9 @@
     subscriptions = ["commands/>"]
     hop_count_limit = 1
     variables = { site = "plant-7" }
+    fail_back_interval = 30.0
+    tls = { ca = "cloud-ca.pem" }                 # for tls:// remotes; paths relative to the file
+    backoff = { initial = 1.0, maximum = 120.0, jitter = 0.2 }
 
     [[vpns.NAME.bridges.topics]]
     filter = "machines/*/alarm"
@@ -27,14 +30,68 @@ from typing import Any
 import attrs
 
 from meshbus import ConfigContext, ConfigReader, ConfigSection, ConfigurationError, Vpn
+from meshbus.transports import Backoff, TlsSettings
 
 from ._bridge import BRIDGE, BridgeSettings, open_bridge
 from ._mapping import TopicMapping, directions
 
 __all__ = ["SECTIONS"]
 
-_OWN = ("remotes", "variables", "topics")
-_NOT_IN_FILE = ("tls", "backoff")
+_OWN = ("remotes", "variables", "topics", "tls", "backoff")
+_TLS_FILES = ("ca", "certificate", "private_key")
+
+
+def _read_tls(reader: ConfigReader, raw: object, where: str) -> TlsSettings | None:
+    """The bridge's ``tls`` table: what it trusts and the certificate it shows."""
+    table = reader.table(raw, where)
+    if table is None:
+        return None
+    settings = reader.attrs_value(
+        TlsSettings, table, where, exclude=("require_client_certificate",)
+    )
+    if settings is None:
+        return None
+    usable = True
+    for key in _TLS_FILES:
+        file = getattr(settings, key)
+        if file is not None and not file.is_file():
+            what = "not a file" if file.exists() else "no such file"
+            reader.report(reader.join(where, key), f"{what}: {file}")
+            usable = False
+    if usable:
+        try:
+            settings.client_context()  # the files hold what they should
+        except ConfigurationError as exc:
+            reader.report(where, str(exc))
+            return None
+    return settings if usable else None
+
+
+def _read_backoff(reader: ConfigReader, raw: object, where: str) -> Backoff | None:
+    """The bridge's ``backoff`` table: ``initial`` and ``maximum`` seconds, ``jitter``."""
+    table = reader.table(raw, where)
+    if table is None:
+        return None
+    if not reader.keys(table, where, ("initial", "maximum", "jitter")):
+        return None
+    values = {}
+    for key, default, check, why in (
+        ("initial", 1.0, lambda v: v > 0, "a positive number of seconds"),
+        ("maximum", 120.0, lambda v: v > 0, "a positive number of seconds"),
+        ("jitter", 0.2, lambda v: 0 <= v < 1, "a fraction from 0 up to 1"),
+    ):
+        at = reader.join(where, key)
+        value = reader.value(table.get(key, default), float, at)
+        if value is not None and not check(value):
+            reader.report(at, f"must be {why}, got {value!r}")
+            value = None
+        values[key] = value
+    if None in values.values():
+        return None
+    if values["maximum"] < values["initial"]:
+        reader.report(reader.join(where, "maximum"), "must not be below 'initial'")
+        return None
+    return Backoff(values["initial"], values["maximum"], values["jitter"])
 
 
 def _read_mapping(reader: ConfigReader, raw: object, where: str) -> TopicMapping | None:
@@ -55,7 +112,7 @@ def _read_bridge(
     table = reader.table(raw, where)
     if table is None:
         return None
-    allowed = [f.name for f in attrs.fields(BridgeSettings) if f.name not in _NOT_IN_FILE]
+    allowed = [f.name for f in attrs.fields(BridgeSettings)]
     if not reader.keys(table, where, allowed):
         table = {k: v for k, v in table.items() if k in allowed}
     extra: dict[str, Any] = {}
@@ -69,6 +126,14 @@ def _read_bridge(
         extra["variables"] = None if None in checked.values() else checked
     else:
         extra["variables"] = None
+    failed = False  # a table read with problems (reported at its keys)
+    if "tls" in table:
+        extra["tls"] = tls = _read_tls(reader, table["tls"], reader.join(where, "tls"))
+        failed = tls is None
+    if "backoff" in table:
+        at = reader.join(where, "backoff")
+        extra["backoff"] = backoff = _read_backoff(reader, table["backoff"], at)
+        failed = failed or backoff is None
     topics = table.get("topics", [])
     topics_at = reader.join(where, "topics")
     if isinstance(topics, list):
@@ -93,15 +158,18 @@ def _read_bridge(
             mapped = False
             for problem in exc.problems:
                 reader.report(topics_at, problem)
+    for key in ("tls", "backoff"):
+        if extra.get(key, 0) is None:
+            del extra[key]  # reported already: read the rest for their problems
     settings = reader.attrs_value(
         BridgeSettings,
         {k: v for k, v in table.items() if k not in _OWN and k != "name"},
         where,
         name=name,
-        exclude=_NOT_IN_FILE,
+        exclude=("tls", "backoff"),
         extra=extra,
     )
-    return settings if mapped else None
+    return settings if mapped and not failed else None
 
 
 def _read_bridges(

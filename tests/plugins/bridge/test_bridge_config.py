@@ -37,6 +37,7 @@ name = "a"
 remotes = ["tcp://x:1", 7]
 hop_count_limit = 0
 tls = "yes"
+fail_back_interval = 0
 
 [[vpns.default.bridges.topics]]
 filter = "*/*"
@@ -48,6 +49,18 @@ destination = "x"
 [[vpns.default.bridges]]
 name = "a"
 subscriptions = "x"
+
+[[vpns.default.bridges]]
+name = "b"
+remotes = ["tls://x:1"]
+tls = { ca = "missing-ca.pem", check_hostname = "no" }
+backoff = { initial = 5, maximum = 2 }
+
+[[vpns.default.bridges]]
+name = "c"
+remotes = ["tls://x:1"]
+tls = { ca = "missing-ca.pem" }
+backoff = { jitter = 1.5, maximum = 0 }
 """
 
 
@@ -81,13 +94,17 @@ def test_every_mistake_of_every_bridge_is_listed(tmp_path: Path) -> None:
     problems = [p.split(": ", 1)[1] for p in caught.value.problems]
     at = "vpns.default.bridges"
     assert problems == [
-        f"{at}[0].tls: unknown key (expected one of: name, remote_vpn, remotes, username, "
-        "password, compression, subscriptions, queues, window, topics, variables, "
-        "loop_prevention, hop_count_limit, dedup)",
         f"{at}[0].remotes[1]: expected a string, got integer 7",
+        f"{at}[0].tls: expected a table, got string 'yes'",
         f"{at}[0].topics[1].filter: every mapping needs a filter (a string)",
         f"{at}[0].hop_count_limit: must be an int >= 1, got 0",
+        f"{at}[0].fail_back_interval: must be a positive number of seconds, got 0",
         f"{at}[1].name: another bridge is called 'a'",
+        f"{at}[2].tls.check_hostname: expected a boolean, got string 'no'",
+        f"{at}[2].backoff.maximum: must not be below 'initial'",
+        f"{at}[3].tls.ca: no such file: {tmp_path / 'missing-ca.pem'}",
+        f"{at}[3].backoff.maximum: must be a positive number of seconds, got 0",
+        f"{at}[3].backoff.jitter: must be a fraction from 0 up to 1, got 1.5",
     ]
 
 

@@ -1,7 +1,8 @@
-"""A bridge between two ``meshbus run`` processes over TCP, configured in the file (SPEC 7).
+"""A bridge between two ``meshbus run`` processes, configured in the file (SPEC 7).
 
-Node A is a plain node; node B's file has a bridge to A asking for ``a/>``. The test
-publishes on A with one remote session and reads on B with another. Every wait is for
+Node A is a plain node; node B's file has a bridge to A asking for ``a/>``, over TCP,
+or over TLS logging in with a client certificate. The test publishes on A with one
+remote session and reads on B with another. Every wait is for
 a printed line or for a message, within generous limits; until the bridge is in sync,
 probes are published on A (a bridge carries nothing before it is).
 """
@@ -16,7 +17,8 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from meshbus.transports import RemoteSession, connect
+from meshbus.transports import RemoteSession, TlsSettings, connect
+from meshbus.transports.certs import make_ca, make_client_certificate, make_server_certificate
 from tests.processes import WAIT, Child
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
@@ -48,16 +50,57 @@ subscriptions = ["a/>"]
 """
 
 
+NODE_A_TLS = """
+[node]
+name = "node-a"
+data_dir = "data-a"
+
+[[listeners]]
+port = 0
+[listeners.tls]
+certificate = "certs/server.pem"
+private_key = "certs/server-key.pem"
+ca = "certs/ca.pem"
+require_client_certificate = true
+
+[vpns.default]
+authentication = "client-certificate"
+[vpns.default.users.node-b]
+[vpns.default.users.pub]
+[vpns.default.client_profiles.default]
+allow_bridge_connections = true
+"""
+
+NODE_B_TLS = (
+    NODE_B
+    + """
+[vpns.default.bridges.tls]
+ca = "certs/ca.pem"
+certificate = "certs/node-b.pem"
+private_key = "certs/node-b-key.pem"
+"""
+)
+
+
 def url_of(node: Child) -> str:
     """The URL a ``meshbus run`` process says it listens on."""
     (line,) = node.wait_for("meshbus run: node ")
     return line.rsplit(" ", 1)[1]
 
 
-@pytest.fixture
-def urls(tmp_path: Path, anyio_backend: str) -> Iterator[tuple[str, str]]:
+@pytest.fixture(params=["tcp", "tls"])
+def urls(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> Iterator[tuple[str, str]]:
     """Start node A, then node B bridged to it; the URLs of their listeners."""
     started: list[Child] = []
+    tls = request.param == "tls"
+    if tls:
+        certs = tmp_path / "certs"
+        make_ca(certs)
+        make_server_certificate(certs)
+        make_client_certificate(certs, "node-b")
+        make_client_certificate(certs, "pub")
 
     def run(name: str, text: str) -> str:
         (tmp_path / f"{name}.toml").write_text(text, encoding="utf-8")
@@ -66,8 +109,8 @@ def urls(tmp_path: Path, anyio_backend: str) -> Iterator[tuple[str, str]]:
         return url_of(started[-1])
 
     try:
-        a = run("node-a", NODE_A)
-        yield a, run("node-b", NODE_B.format(url=a))
+        a = run("node-a", NODE_A_TLS if tls else NODE_A)
+        yield a, run("node-b", (NODE_B_TLS if tls else NODE_B).format(url=a))
     finally:
         for child in started:
             child.close()
@@ -84,11 +127,17 @@ async def until_bridged(publisher: RemoteSession, reader: RemoteSession) -> None
 
 
 async def test_a_bridge_in_the_file_brings_what_it_asks_for_across_processes(
-    urls: tuple[str, str],
+    urls: tuple[str, str], tmp_path: Path
 ) -> None:
     a_url, b_url = urls
+    certs = tmp_path / "certs"
+    tls = TlsSettings(
+        ca=certs / "ca.pem", certificate=certs / "pub.pem", private_key=certs / "pub-key.pem"
+    )
     async with (
-        connect(a_url, client_name="pub", reconnect=False) as publisher,
+        connect(
+            a_url, client_name="pub", reconnect=False, tls=tls if a_url.startswith("tls") else None
+        ) as publisher,
         connect(b_url, client_name="reader", reconnect=False) as reader,
     ):
         reader.subscribe(">")
