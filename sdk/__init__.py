@@ -45,7 +45,7 @@ from ._profiles import (
 from ._sections import ConfigContext, ConfigReader, ConfigSection, ConfigSections
 from ._session import MessageHandler, Session
 from ._stash import Stash, StashKey
-from ._stats import NodeStatistics, SessionStatistics, VpnStatistics
+from ._stats import LatencyHistogram, NodeStatistics, SessionStatistics, VpnStatistics
 from ._topics import (
     QUEUE_TOPIC_PREFIX,
     Subscription,
@@ -102,6 +102,7 @@ __all__ = [
     "HeaderLimits",
     "InvalidTopicError",
     "LimitExceededError",
+    "LatencyHistogram",
     "Link",
     "LinkPipeline",
     "LinkRouter",

@@ -35,6 +35,7 @@ import attrs
 from ._index import SubscriptionIndex
 from ._messages import Envelope, Message, MessageOptions
 from ._stash import Stash
+from ._stats import LatencyHistogram
 from ._topics import parse_subscription, validate_topic, wildcard_levels
 from .errors import (
     AccessDeniedError,
@@ -114,6 +115,10 @@ class LinkStatistics:
     stages plugins add (``hop_limit``, ``excluded``, ``no_eligible_destination`` ...)."""
     interest: int
     """Filters the peer wants from this side."""
+    forward_latency: Mapping[str, int] = attrs.field(factory=dict)
+    """How long forwarded messages waited in the link before they were written to its
+    connection, by bucket (see :class:`~meshbus.LatencyHistogram`); empty for a link
+    that hands messages over at once (a :class:`~meshbus.LocalLink`)."""
 
 
 class LinkPipeline:
@@ -289,6 +294,9 @@ class Link(ABC):
         self.received = 0
         self.receive_failures = 0
         self.dropped: dict[str, int] = {}
+        #: How long forwarded messages waited before they went out (a link that queues
+        #: them fills it).
+        self.forward_latency = LatencyHistogram()
         # Plugins' settings and state for this link (documented in the API reference).
         self.stash = Stash()
 
@@ -551,6 +559,7 @@ class Link(ABC):
             receive_failures=self.receive_failures,
             dropped=dict(self.dropped),
             interest=len(self._interest),
+            forward_latency=self.forward_latency.snapshot() if self.forward_latency.total else {},
         )
 
 

@@ -4,9 +4,11 @@ only cost."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import attrs
 
-__all__ = ["NodeStatistics", "SessionStatistics", "VpnStatistics"]
+__all__ = ["LatencyHistogram", "NodeStatistics", "SessionStatistics", "VpnStatistics"]
 
 
 @attrs.frozen
@@ -75,3 +77,41 @@ class NodeStatistics:
     """Published messages that matched no subscription."""
     login_failures: int
     """Logins refused."""
+
+
+class LatencyHistogram:
+    """Counts of durations in fixed buckets (seconds), cheap enough to fill per batch.
+
+    The buckets are bounded and the same for every histogram, so two can be added up
+    and a snapshot has a fixed shape: ``{"0.0001": n, ..., "10": n, "+Inf": n}``,
+    each count the durations above the previous bound and up to this one.
+    """
+
+    BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+              0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+    """Upper bounds of the buckets, in seconds (one more bucket holds the rest)."""
+    LABELS = (*(format(b, "g") for b in BOUNDS), "+Inf")
+    """The snapshot's keys."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BOUNDS) + 1)
+
+    def record(self, seconds: float, count: int = 1) -> None:
+        """Count ``count`` durations of ``seconds``."""
+        self.counts[bisect_left(self.BOUNDS, seconds)] += count
+
+    def add(self, other: LatencyHistogram) -> None:
+        """Add ``other``'s counts to this one's."""
+        for i, n in enumerate(other.counts):
+            self.counts[i] += n
+
+    @property
+    def total(self) -> int:
+        """How many durations were counted."""
+        return sum(self.counts)
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts by bucket label (upper bound in seconds)."""
+        return dict(zip(self.LABELS, self.counts, strict=True))

@@ -170,6 +170,8 @@ class WireLink(Link):
         self._wake = anyio.Event()
         self._woken = False  # send() set the event this writer round
         self._now = vpn.node.clock.time
+        self._monotonic = vpn.node.clock.monotonic
+        self._queued_at = 0.0  # when the first message waiting for the peer came
         self._write_through = vpn.node.stash.setdefault(WRITE_THROUGH, WriteThrough())
         self._writes_nowait = False
         #: In its node's write-through list already (see :class:`WriteThrough`).
@@ -289,6 +291,8 @@ class WireLink(Link):
         if self._connection is None or self._pending_bytes > self.max_pending_bytes:
             return False
         message = envelope.message
+        if not self._pending:
+            self._queued_at = self._monotonic()  # the forward latency of its batch
         self._pending.append(message)
         self._hops.append(envelope.hop_count)
         self._pending_bytes += message.size
@@ -319,6 +323,7 @@ class WireLink(Link):
         self._pending, self._hops, self._pending_bytes = [], [], 0
         self._encode(connection.protocol.peer_max_frame_size, messages, hops, self._now())
         connection.flush_nowait()
+        self.forward_latency.record(self._monotonic() - self._queued_at, len(messages))
 
     @property
     def peer(self) -> str:
@@ -533,8 +538,12 @@ class WireLink(Link):
             if self._pending:
                 messages, hops = self._pending, self._hops
                 self._pending, self._hops, self._pending_bytes = [], [], 0
+                queued_at = self._queued_at
                 self._encode(protocol.peer_max_frame_size, messages, hops, now())
-            await connection.flush()
+                await connection.flush()
+                self.forward_latency.record(self._monotonic() - queued_at, len(messages))
+            else:
+                await connection.flush()
 
     def _encode(self, limit: int, messages: list[Message], hops: list[int], now: float) -> None:
         protocol = self._connection.protocol  # type: ignore[union-attr]

@@ -54,6 +54,7 @@ from ._settings import ListenerSettings
 
 if TYPE_CHECKING:
     from meshbus._session import Session
+    from meshbus._vpn import Vpn
 
     from ._connection import Connection
 
@@ -462,7 +463,12 @@ def node_statistics(session: Session) -> dict[str, Any]:
     """
     node = session.node
     if not session.user.management:
-        return {"node": node.name, "vpns": {session.vpn.name: _as_dict(session.vpn.statistics())}}
+        vpn = session.vpn
+        return {
+            "node": node.name,
+            "vpns": {vpn.name: _as_dict(vpn.statistics())},
+            "links": {vpn.name: _links(vpn)},
+        }
     from ._server import SERVERS
 
     stats: NodeStatistics = node.statistics()
@@ -470,10 +476,16 @@ def node_statistics(session: Session) -> dict[str, Any]:
         "node": node.name,
         "totals": _as_dict(stats),
         "vpns": {name: _as_dict(vpn.statistics()) for name, vpn in node.vpns.items()},
+        "links": {name: _links(vpn) for name, vpn in node.vpns.items() if len(vpn.links)},
         "listeners": {
             server.url: _as_dict(server.statistics()) for server in node.stash.get(SERVERS, [])
         },
     }
+
+
+def _links(vpn: Vpn) -> dict[str, Any]:
+    """The counters of each of the VPN's links (bridges, routes), by link name."""
+    return {link.name: _as_dict(link.statistics()) for link in vpn.links}
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

@@ -353,7 +353,8 @@ def bridges(vpn: Vpn) -> list[Bridge]:
 
 
 def totals(node: Node) -> dict[str, int]:
-    """The counters of all the node's bridges added up (drops as ``dropped.REASON``)."""
+    """The counters of all the node's bridges added up (drops as ``dropped.REASON``,
+    the forward latency histogram as ``forward_latency.BUCKET``)."""
     total: dict[str, int] = {}
     for vpn in node.vpns.values():
         for bridge in bridges(vpn):
@@ -370,5 +371,8 @@ def totals(node: Node) -> dict[str, int]:
                 total[key] = total.get(key, 0) + getattr(stats, key)
             for reason, n in stats.dropped.items():
                 key = f"dropped.{reason}"
+                total[key] = total.get(key, 0) + n
+            for bucket, n in stats.forward_latency.items():
+                key = f"forward_latency.{bucket}"
                 total[key] = total.get(key, 0) + n
     return total

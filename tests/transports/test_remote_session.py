@@ -530,7 +530,8 @@ async def test_node_statistics_of_a_management_user(node: Node, server: Server) 
         a.publish("nobody", b"y")
         await receive(b)
         stats = await a.node_statistics()
-    assert set(stats) == {"node", "totals", "vpns", "listeners"}
+    assert set(stats) == {"node", "totals", "vpns", "links", "listeners"}
+    assert stats["links"] == {}  # no VPN has a link
     assert stats["node"] == "node"
     assert set(stats["vpns"]) == {"default"}
     default = stats["vpns"]["default"]
@@ -569,9 +570,10 @@ async def test_node_statistics_show_a_session_its_own_vpn_only(node: Node, serve
     async with connect(server.url, username="anyone") as anonymous:
         anonymous.publish("x", b"y")
         stats = await anonymous.node_statistics()
-    assert set(stats) == {"node", "vpns"}
+    assert set(stats) == {"node", "vpns", "links"}
     assert stats["node"] == "node"
     assert list(stats["vpns"]) == ["default"]
+    assert stats["links"] == {"default": {}}
     own = stats["vpns"]["default"]
     assert (own["sessions"], own["published"], own["login_failures"]) == (1, 1, 0)
 

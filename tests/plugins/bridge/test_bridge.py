@@ -7,6 +7,7 @@ import pytest
 
 from meshbus import ConfigurationError, LinkState, Message, Node
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, bridges, open_bridge, totals
+from meshbus.transports import connect
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
@@ -375,3 +376,30 @@ async def test_a_bridge_told_not_to_fail_back_stays(mesh: Mesh) -> None:
     mesh.network.heal("local", "first")
     await mesh.clock.run(600)
     assert (bridge.link.peer_node, bridge.statistics().connects) == ("second", 1)
+
+
+async def test_meshbus_stats_shows_each_bridge_with_its_forward_latency(mesh: Mesh) -> None:
+    local, far = await start_pair(mesh)
+    local.vpn().add_user("ops", management=True)
+    bridge = open_bridge(
+        local.vpn(),
+        remote_bridge(mesh, subscriptions=["a/>"], topics=[TopicMapping("up/>", mode="PUB")]),
+    )
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    await mesh.clock.settle()
+    for _ in range(3):
+        far.connect().publish("a/1", b"x")
+    local.connect().publish("up/1", b"y")
+    await mesh.clock.settle()
+    target = mesh.network.connectable("local", source="ops")
+    async with connect(target, username="ops", clock=mesh.clock) as ops:
+        stats = await ops.node_statistics()
+    shown = stats["links"]["default"]["bridge/to-remote"]
+    assert (shown["kind"], shown["state"], shown["peer_node"]) == ("bridge", "in-sync", "remote")
+    assert (shown["received"], shown["forwarded"], shown["connects"]) == (3, 1, 1)
+    # On the clock of the mesh no time passes between a send and its write.
+    assert shown["forward_latency"]["0.0001"] == 1
+    assert sum(shown["forward_latency"].values()) == 1
+    (accepted,) = far.vpn().links
+    assert sum(accepted.statistics().forward_latency.values()) == 3
+    assert totals(local)["forward_latency.0.0001"] == 1
