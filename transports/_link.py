@@ -35,10 +35,9 @@ import anyio
 import anyio.abc
 
 from meshbus._links import Link, LinkState
-from meshbus._messages import HEADER_LIMITS, DeliveryMode, Envelope, Message, make_message
+from meshbus._messages import HEADER_LIMITS, Envelope, Message
 from meshbus._topics import parse_subscription, validate_topic
 from meshbus.errors import (
-    AccessDeniedError,
     MeshbusError,
     ProtocolError,
     PublishRejectedError,
@@ -54,12 +53,12 @@ from ._codec import (
     decode_deliver_batch,
     decode_flow_deliver,
     encode_deliver_batch,
-    options_from_wire,
-    options_to_wire,
 )
 from ._connection import Connection, unwrap_errors
-from ._dialing import ConnectSettings, Dialer
+from ._dialing import ConnectSettings
 from ._framing import FrameKind
+from ._link_dialing import dial
+from ._link_sends import link_send_header, sent_message
 from ._protocol import ConnectionState
 from ._serving import WRITE_THROUGH, WriteThrough
 from ._wire_errors import error_from
@@ -78,7 +77,6 @@ K = FrameKind
 _DELIVER = int(K.DELIVER)
 _DELIVER_BATCH = int(K.DELIVER_BATCH)
 _FLOW_DELIVER = int(K.FLOW_DELIVER)
-_MODES = {True: "persistent", False: "non-persistent"}
 _MAX_PIPELINED_SENDS = 4096  # the peer's SENDs waiting for the spool before reading pauses
 _MAX_PIPELINED_BYTES = 64 * 1024 * 1024  # and their payload bytes
 
@@ -249,7 +247,7 @@ class WireLink(Link):
         :raises MeshbusError: the peer refused it (send it again later), or the link
             went down before it answered.
         """
-        header = _send_header(message, self.vpn.node.clock.time())
+        header = link_send_header(message, self.vpn.node.clock.time())
         answer = self._request(K.SEND, header, message.payload)
         await answer.done.wait()
         if answer.error is not None:
@@ -361,89 +359,9 @@ class WireLink(Link):
 
     async def run(self) -> None:
         """Dial the peer and keep the link up (reconnecting with backoff on the node's
-        clock) until :meth:`stop`. For links made with ``settings``."""
-        settings = self.settings
-        if settings is None:
-            raise StateError(f"link {self.name!r} was accepted: its peer dials it")
-        node = self.vpn.node
-        dialer = Dialer(settings, clock=node.clock)
-        hello = settings.hello(None)
-        hello["link"] = ev.LinkLogin(self.kind, self.name, node.node_id, node.cluster).encode()
-        self._scope = anyio.CancelScope()
-        better: list[tuple[Connection, ev.Welcome]] = []  # what fail-back found
-        try:
-            with self._scope:
-                while not self._stopped:
-                    if better:
-                        connection, welcome = better.pop()
-                    else:
-                        self.set_state(LinkState.CONNECTING)
-                        try:
-                            connection, welcome = await dialer.login(hello)
-                        except (TransportError, AccessDeniedError, ProtocolError) as exc:
-                            self.connect_failures += 1
-                            log.warning(
-                                "link %r: connecting to %s failed: %s",
-                                self.name,
-                                dialer.target,
-                                exc,
-                            )
-                            self.set_state(LinkState.BACKOFF, str(exc))
-                            await dialer.wait()
-                            continue
-                    up_since = node.clock.monotonic()
-                    try:
-                        async with anyio.create_task_group() as tg:
-                            if self.fail_back is not None and dialer.index > 0:
-                                tg.start_soon(self._fail_back, dialer, hello, better)
-                            reason = await self.serve(
-                                connection,
-                                welcome.node_id,
-                                welcome.cluster,
-                                keepalive=welcome.keepalive,
-                                keepalive_timeout=welcome.keepalive_timeout,
-                            )
-                            tg.cancel_scope.cancel()
-                    finally:  # this side made it: it closes it, stopped or not
-                        with anyio.CancelScope(shield=True):
-                            await connection.aclose()
-                            if self._stopped:
-                                for unused, _ in better:
-                                    await unused.aclose()
-                    if self._stopped:
-                        break
-                    if node.clock.monotonic() - up_since >= self.stable_period:
-                        dialer.backoff.reset()  # a flapping connection keeps backing off
-                    if better:
-                        log.info("link %r moved back to %s", self.name, dialer.target)
-                        continue
-                    log.warning("link %r to %s lost: %s", self.name, dialer.target, reason)
-                    await dialer.wait()
-        finally:
-            self._stopped = True
-            self.vpn.links.detach(self)
-
-    async def _fail_back(
-        self, dialer: Dialer, hello: dict[str, Any], found: list[tuple[Connection, ev.Welcome]]
-    ) -> None:
-        """While connected to a later target, try the better-ordered ones every
-        :attr:`fail_back` seconds; the first that takes the login replaces the current
-        connection (ended here, reconnected at once by :meth:`run`)."""
-        assert self.fail_back is not None
-        clock = self.vpn.node.clock
-        current = dialer.index
-        while True:
-            await clock.sleep_until(clock.monotonic() + self.fail_back)
-            try:
-                login = await dialer.login(hello, stop=current)
-            except (TransportError, AccessDeniedError, ProtocolError) as exc:
-                log.debug("link %r: no better target yet: %s", self.name, exc)
-                continue
-            found.append(login)
-            self.reason = f"moving back to {dialer.target}"
-            if self._serving is not None:
-                self._serving.cancel()
-            return
+        clock, moving back to a better-ordered target with :attr:`fail_back`) until
+        :meth:`stop`. For links made with ``settings``."""
+        await dial(self)
 
     def stop(self, reason: str = "stopped") -> None:
         """Close the link for good: its connection closes and it leaves its VPN (state
@@ -802,7 +720,7 @@ class WireLink(Link):
                 send, payload = sends[0]
                 answers = self._answers
                 try:
-                    message = _sent_message(send, payload, self.vpn.node.clock.time())
+                    message = sent_message(send, payload, self.vpn.node.clock.time())
                     validate_topic(message.topic, self.vpn.topic_limits)  # as a send's
                     await self.receive_guaranteed(message)
                 except ProtocolError:
@@ -847,42 +765,6 @@ class WireLink(Link):
         handler = self.on_advertise
         if handler is not None:
             handler(self, event)
-
-
-def _send_header(message: Message, now: float) -> dict[str, Any]:
-    """A SEND header that keeps everything of ``message`` (link mode)."""
-    wire = options_to_wire(message.options, now)
-    header: dict[str, Any] = {key: value for key, value in wire.items() if key in _SEND_KEYS}
-    header["topic"] = message.topic
-    header["persistent"] = message.delivery_mode is DeliveryMode.PERSISTENT
-    if message.sender is not None:
-        header["s"] = message.sender
-    if message.timestamp is not None:
-        header["t"] = message.timestamp
-    return header
-
-
-_SEND_KEYS = frozenset({"h", "e", "r", "c", "o", "hc", "x"})
-
-
-def _sent_message(send: ev.Send, payload: bytes, now: float) -> Message:
-    """The message a peer's SEND carries, as it was on the peer's node."""
-    if send.topic is None:
-        raise ProtocolError("a SEND over a link names a topic")
-    wire = dict(send.options)
-    sender = wire.pop("s", None)
-    timestamp = wire.pop("t", None)
-    if sender is not None and type(sender) is not str:
-        raise ProtocolError("a SEND's sender must be a string")
-    if timestamp is not None and type(timestamp) not in (int, float):
-        raise ProtocolError("a SEND's timestamp must be a number")
-    wire["m"] = _MODES[send.persistent]
-    if send.headers:
-        wire["h"] = send.headers
-    options = options_from_wire(wire, None, now)
-    if options.size:  # as a session's send would be (SPEC 10)
-        HEADER_LIMITS.check(options.headers, options.reply_to, options.correlation_id)
-    return make_message(send.topic, payload, sender, timestamp, options)
 
 
 def open_link(
