@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -43,6 +43,7 @@ from .errors import (
     InvalidTopicError,
     LimitExceededError,
     PluginError,
+    PublishRejectedError,
     StateError,
 )
 
@@ -542,6 +543,52 @@ class Link(ABC):
             raise
         self.received += 1
         return True
+
+    async def receive_guaranteed_many(
+        self, messages: Sequence[Message]
+    ) -> tuple[list[int], PublishRejectedError | None]:
+        """Guaranteed messages came in over the link, in order: take them as
+        :meth:`receive_guaranteed` takes one, spooling them in one commit, up to the
+        first one that an endpoint refuses. Return once they are held: the positions
+        (in ``messages``) of those taken, which the link acknowledges to the peer (the
+        ones spooled and the ones a stage dropped), and the refusal that stopped the
+        rest (``None`` when none was refused); the peer offers those again later."""
+        taken: list[int] = []
+        admitted: list[tuple[int, Message]] = []
+        for position, message in enumerate(messages):
+            envelope = Envelope(message, self, mode=message.delivery_mode)
+            if self._admit(envelope):
+                admitted.append((position, envelope.message))
+            else:
+                taken.append(position)
+        if not admitted:
+            return taken, None
+        guaranteed = self.vpn.node.guaranteed
+        try:
+            spooled, refusal = await guaranteed.spool_many_from_link(
+                self, [message for _, message in admitted]
+            )
+        except BaseException:
+            self.receive_failures += 1
+            self._forget(message for _, message in admitted)
+            raise
+        self.received += len(spooled)
+        taken.extend(position for position, _ in admitted[: len(spooled)])
+        if refusal is not None:
+            self.receive_failures += 1
+            self._forget(message for _, message in admitted[len(spooled) :])
+        taken.sort()
+        return taken, refusal
+
+    def _forget(self, messages: Iterable[Message]) -> None:
+        """Nothing was kept of ``messages``: the copies the peer sends again are no
+        duplicates."""
+        if self.dedup:
+            forget = self.vpn.links.origins.forget
+            for message in messages:
+                origin = message.options.origin
+                if origin is not None:
+                    forget(origin)
 
     def statistics(self) -> LinkStatistics:
         """A snapshot of the link's counters."""

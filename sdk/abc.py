@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
 
+from .errors import PublishRejectedError
+
 if TYPE_CHECKING:
     from ._links import Link
     from ._messages import Message
@@ -145,6 +147,25 @@ class GuaranteedMessaging(ABC):
         the message is dropped as guaranteed, counted ``no_eligible_destination``).
         Returns only once it is held, so the link can acknowledge it to the peer.
         """
+
+    async def spool_many_from_link(
+        self, link: Link, messages: Sequence[Message]
+    ) -> tuple[list[tuple[str, ...]], PublishRejectedError | None]:
+        """Take several guaranteed messages that came in over ``link``, in order, as
+        :meth:`spool_from_link` takes one, up to the first one that an endpoint refuses.
+
+        Return the endpoints that hold each message taken, in order, and the refusal of
+        the first message not taken (``None`` when all were taken); that message and
+        those after it were not kept. An implementation should store the messages it
+        takes in one commit (this default commits one at a time).
+        """
+        taken: list[tuple[str, ...]] = []
+        for message in messages:
+            try:
+                taken.append(await self.spool_from_link(link, message))
+            except PublishRejectedError as refusal:
+                return taken, refusal
+        return taken, None
 
 
 @runtime_checkable

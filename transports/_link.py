@@ -690,25 +690,35 @@ class WireLink(Link):
         pull.arrived.set()
 
     async def _spool_pulled(self, number: int, pull: _Pull) -> None:
-        """Spool the flow's messages here in order, each acknowledged once held; one an
-        endpoint refuses is tried again every ``retry_interval``, holding up this flow."""
+        """Spool the flow's messages here in order, those that arrived together in one
+        commit, each acknowledged once held; one an endpoint refuses is tried again every
+        ``retry_interval``, holding up this flow (and those behind it)."""
         clock = self.vpn.node.clock
         while self._pulled.get(number) is pull:
             if not pull.messages:
                 pull.arrived = anyio.Event()
                 await pull.arrived.wait()
                 continue
-            message = pull.messages[0]
+            batch = list(pull.messages)  # more may arrive while this commits
             try:
-                await self.receive_guaranteed(message)
+                taken, refusal = await self.receive_guaranteed_many(batch)
             except MeshbusError as exc:
-                log.debug("link %r: %s refused, tried again later: %s", self.name, message, exc)
+                log.debug("link %r: %d refused, tried again later: %s", self.name, len(batch), exc)
                 await clock.sleep_until(clock.monotonic() + self.retry_interval)
                 continue
-            pull.messages.popleft()
-            self.pulled += 1
-            if self._pulled.get(number) is pull:
-                self._control_frame(K.ACK, {"flow": number, "ids": [message.message_id]})
+            if taken:
+                kept = set(taken)
+                left = [m for i, m in enumerate(batch) if i not in kept]
+                for _ in batch:
+                    pull.messages.popleft()
+                pull.messages.extendleft(reversed(left))
+                self.pulled += len(taken)
+                if self._pulled.get(number) is pull:
+                    ids = [batch[i].message_id for i in taken]
+                    self._control_frame(K.ACK, {"flow": number, "ids": ids})
+            if refusal is not None:
+                log.debug("link %r: a pulled message was refused: %s", self.name, refusal)
+                await clock.sleep_until(clock.monotonic() + self.retry_interval)
 
     async def _sender(self) -> None:
         """The peer's SENDs, in order: OK once spooled here, ERROR when refused."""

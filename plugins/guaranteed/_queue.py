@@ -18,8 +18,8 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -39,7 +39,7 @@ from ._store import NewMessage, SpoolEntry, SpoolStore, StoredMessage
 if TYPE_CHECKING:
     from ._service import GuaranteedService
 
-__all__ = ["Queue", "QueueFlow"]
+__all__ = ["Queue", "QueueFlow", "endpoints_of", "message_meta"]
 
 _PAGE = 256  # messages read ahead from the store per refill
 # Acks are committed in batches of this many, or when a flow runs out of messages
@@ -481,3 +481,19 @@ def _is_origin(value: object) -> bool:
         and type(value[0]) is str
         and type(value[1]) is int
     )
+
+
+def endpoints_of(queues: Sequence[Queue]) -> tuple[str, ...]:
+    """The endpoint names of ``queues``."""
+    return tuple(queue.endpoint for queue in queues)
+
+
+def message_meta(
+    sender: str | None, reply_to: str | None, correlation_id: str | None
+) -> dict[str, Any]:
+    """What a spooled message keeps of its publisher in its meta header."""
+    return {
+        k: v
+        for k, v in (("sender", sender), ("reply_to", reply_to), ("correlation_id", correlation_id))
+        if v is not None
+    }

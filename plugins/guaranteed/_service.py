@@ -33,7 +33,8 @@ from meshbus import (
 )
 from meshbus.abc import Flow, GuaranteedMessaging
 
-from ._queue import Queue, QueueFlow
+from ._link_ingress import spool_many
+from ._queue import Queue, QueueFlow, endpoints_of, message_meta
 from ._settings import MAX_MESSAGE_SIZE, META_HEADER, QueueSettings
 from ._store import NewMessage, SpoolStore
 
@@ -313,7 +314,7 @@ class GuaranteedService(GuaranteedMessaging):
             expires_at=now + ttl if ttl else None,
         )
         session.vpn.dispatch(
-            Envelope(message, session, _endpoints(accepted), _mode(options)),
+            Envelope(message, session, endpoints_of(accepted), _mode(options)),
             count_unmatched=not accepted,
         )
 
@@ -373,7 +374,7 @@ class GuaranteedService(GuaranteedMessaging):
                     expires_at=now + ttl if ttl else None,
                 )
                 session.vpn.dispatch(
-                    Envelope(message, session, _endpoints(next(holding)), mode),
+                    Envelope(message, session, endpoints_of(next(holding)), mode),
                     count_unmatched=False,
                 )
         return results
@@ -424,66 +425,17 @@ class GuaranteedService(GuaranteedMessaging):
         """Spool ``message`` to every matching endpoint of ``link``'s VPN in one commit, or
         refuse it whole (SPEC 7), then deliver its direct copy; see
         :meth:`meshbus.abc.GuaranteedMessaging.spool_from_link`."""
-        vpn = link.vpn
-        topic = message.topic
-        payload = message.payload
-        size = len(payload)
-        whole = message.size  # the headers count against the size limits too
-        if whole > MAX_MESSAGE_SIZE:
-            raise PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, whole)
-        accepted: list[Queue] = []
-        index = self._indexes.get(vpn.name)
-        for queue in index.match(topic) if index is not None else ():
-            if queue.endpoint == link.endpoint:
-                continue  # the queue that feeds this link: never back where it came from
-            refusal = queue.refusal(size, whole)
-            if refusal is not None:
-                raise refusal  # all or nothing: the peer keeps it and sends it again
-            accepted.append(queue)
-        now = self.node.clock.time()
-        expires_at = message.expires_at
-        if expires_at is not None and expires_at <= now:
-            link.count_drop("expired")
-            return ()
-        origin = message.origin or self._new_origin()
-        if accepted:
-            meta = _meta(message.sender, message.reply_to, message.correlation_id)
-            meta["origin"] = list(origin)
-            if message.hop_count:
-                meta["hops"] = message.hop_count
-            record = NewMessage(
-                topic,
-                payload,
-                _endpoints(accepted),
-                {**message.headers, META_HEADER: meta},
-                message.delivery_mode is DeliveryMode.PERSISTENT,
-                expires_at,
-                message.timestamp if message.timestamp is not None else now,
-            )
-            await self.store.put_many((record,))
-            for queue in accepted:
-                queue.stored()
-        else:
-            link.count_drop("no_eligible_destination")
-        copy = Message(
-            topic,
-            payload,
-            DeliveryMode.DIRECT,
-            message.headers,
-            message.eliding_eligible,
-            message.reply_to,
-            message.correlation_id,
-            sender=message.sender,
-            timestamp=message.timestamp,
-            origin=origin,
-            hop_count=message.hop_count,
-            expires_at=expires_at,
-        )
-        vpn.dispatch(
-            Envelope(copy, link, _endpoints(accepted), message.delivery_mode),
-            count_unmatched=not accepted,
-        )
-        return _endpoints(accepted)
+        taken, refusal = await spool_many(self, link, (message,))
+        if refusal is not None:
+            raise refusal
+        return taken[0]
+
+    async def spool_many_from_link(
+        self, link: Link, messages: Sequence[Message]
+    ) -> tuple[list[tuple[str, ...]], PublishRejectedError | None]:
+        """Spool ``messages`` in order, all in one commit, up to the first that an
+        endpoint refuses; see :meth:`meshbus.abc.GuaranteedMessaging.spool_many_from_link`."""
+        return await spool_many(self, link, messages)
 
     def _may_send(self, session: Session) -> None:
         if session.closed:
@@ -535,7 +487,7 @@ class GuaranteedService(GuaranteedMessaging):
                             tuple(q.endpoint for q in accepted),
                             {
                                 **message.headers,
-                                META_HEADER: _meta(
+                                META_HEADER: message_meta(
                                     message.sender, message.reply_to, message.correlation_id
                                 ),
                             },
@@ -679,22 +631,10 @@ def _mode(options: Mapping[str, Any]) -> DeliveryMode:
     return DeliveryMode.PERSISTENT if options["persistent"] else DeliveryMode.NON_PERSISTENT
 
 
-def _endpoints(queues: Sequence[Queue]) -> tuple[str, ...]:
-    return tuple(queue.endpoint for queue in queues)
-
-
-def _meta(sender: str | None, reply_to: str | None, correlation_id: str | None) -> dict[str, Any]:
-    return {
-        k: v
-        for k, v in (("sender", sender), ("reply_to", reply_to), ("correlation_id", correlation_id))
-        if v is not None
-    }
-
-
 def _with_meta(
     options: Mapping[str, Any], session: Session, origin: tuple[str, int]
 ) -> dict[str, Any]:
-    meta = _meta(session.client_name, options["reply_to"], options["correlation_id"])
+    meta = message_meta(session.client_name, options["reply_to"], options["correlation_id"])
     meta["origin"] = list(origin)
     return {**options, "headers": {**options["headers"], META_HEADER: meta}}
 

@@ -1,0 +1,133 @@
+"""Guaranteed messages that came in over a link, spooled in batches (SPEC 7).
+
+A link acknowledges a guaranteed message to its peer only once every matching local
+endpoint holds it, all of them in one commit, or none. :func:`spool_many` does that for
+several messages at once, in order, so that a flow with a window of messages in flight
+costs one commit (one fsync, for a durable store) per batch instead of one per message:
+
+* each message's matching endpoints are checked in order, each one's quota counting
+  the messages of the batch before it (reserved until the put starts);
+* the first message that an endpoint refuses ends the batch: it and every message
+  after it are left out, to be offered again (the flow waits on it, keeping order);
+* what is left is stored in one :meth:`SpoolStore.put_many`, then each message's
+  direct copy is delivered to matching client subscriptions and other links, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from meshbus import DeliveryMode, Envelope, Link, Message, PublishRejectedError
+
+from ._queue import endpoints_of, message_meta
+from ._settings import MAX_MESSAGE_SIZE, META_HEADER
+from ._store import NewMessage
+
+if TYPE_CHECKING:
+    from ._queue import Queue
+    from ._service import GuaranteedService
+
+__all__ = ["spool_many"]
+
+
+async def spool_many(
+    service: GuaranteedService, link: Link, messages: Sequence[Message]
+) -> tuple[list[tuple[str, ...]], PublishRejectedError | None]:
+    """Spool ``messages`` from ``link`` in one commit, up to the first one refused.
+
+    Return the endpoints that hold each message taken (empty: none matched, or it had
+    expired; counted on the link), in order, and the refusal of the first message not
+    taken (``None`` when all were). Returns once the commit is done.
+
+    :raises SpoolError: the commit failed: none was taken.
+    """
+    vpn = link.vpn
+    index = service._indexes.get(vpn.name)
+    now = service.node.clock.time()
+    planned: list[tuple[Message, list[Queue] | None]] = []
+    records: list[NewMessage] = []
+    reserved: list[tuple[Queue, int]] = []
+    refusal: PublishRejectedError | None = None
+    try:
+        for message in messages:
+            size = len(message.payload)
+            whole = message.size  # the headers count against the size limits too
+            if whole > MAX_MESSAGE_SIZE:
+                refusal = PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, whole)
+                break
+            accepted: list[Queue] = []
+            for queue in index.match(message.topic) if index is not None else ():
+                if queue.endpoint == link.endpoint:
+                    continue  # the queue that feeds this link: never back where it came from
+                refusal = queue.refusal(size, whole)
+                if refusal is not None:
+                    break
+                accepted.append(queue)
+            if refusal is not None:
+                break  # all or nothing: the peer keeps it and offers it again
+            expires_at = message.expires_at
+            if expires_at is not None and expires_at <= now:
+                planned.append((message, None))
+                continue
+            for queue in accepted:
+                queue.reserve(size)  # the next message of the batch sees it in the quota
+                reserved.append((queue, size))
+            if accepted:
+                meta = message_meta(message.sender, message.reply_to, message.correlation_id)
+                meta["origin"] = list(message.origin or service._new_origin())
+                if message.hop_count:
+                    meta["hops"] = message.hop_count
+                records.append(
+                    NewMessage(
+                        message.topic,
+                        message.payload,
+                        endpoints_of(accepted),
+                        {**message.headers, META_HEADER: meta},
+                        message.delivery_mode is DeliveryMode.PERSISTENT,
+                        expires_at,
+                        message.timestamp if message.timestamp is not None else now,
+                    )
+                )
+            planned.append((message, accepted))
+    finally:
+        for queue, size in reserved:  # the put counts them from here (no await between)
+            queue.unreserve(size)
+    if records:
+        await service.store.put_many(records)
+    taken: list[tuple[str, ...]] = []
+    stored = iter(records)
+    for message, accepted in planned:
+        if accepted is None:
+            link.count_drop("expired")
+            taken.append(())
+            continue
+        if accepted:
+            record = next(stored)
+            for queue in accepted:
+                queue.stored()
+            origin = record.headers[META_HEADER]["origin"]
+            origin = (origin[0], origin[1])
+        else:
+            link.count_drop("no_eligible_destination")
+            origin = message.origin or service._new_origin()
+        endpoints = endpoints_of(accepted)
+        copy = Message(
+            message.topic,
+            message.payload,
+            DeliveryMode.DIRECT,
+            message.headers,
+            message.eliding_eligible,
+            message.reply_to,
+            message.correlation_id,
+            sender=message.sender,
+            timestamp=message.timestamp,
+            origin=origin,
+            hop_count=message.hop_count,
+            expires_at=message.expires_at,
+        )
+        vpn.dispatch(
+            Envelope(copy, link, endpoints, message.delivery_mode), count_unmatched=not accepted
+        )
+        taken.append(endpoints)
+    return taken, refusal
