@@ -99,25 +99,42 @@ class LinkLogin:
     """Its node id."""
     cluster: str | None
     """Its cluster, if any."""
+    vpn: str | None = None
+    """The VPN of its end of the link, if it says (a bridge does: the pair of bridges
+    between two VPNs is found by it)."""
+    tls: bool | None = None
+    """Whether its settings for the link ask for TLS, if it says (two bridges of a pair
+    share a connection only when they agree)."""
 
     @classmethod
     def decode(cls, value: object) -> LinkLogin:
         if type(value) is not dict:
             raise ProtocolError("HELLO link must be an object")
-        cluster = value.get("cluster")
-        if cluster is not None and type(cluster) is not str:
-            raise ProtocolError("HELLO link 'cluster' must be a string")
+        optional = {}
+        for key in ("cluster", "vpn"):
+            optional[key] = value.get(key)
+            if optional[key] is not None and type(optional[key]) is not str:
+                raise ProtocolError(f"HELLO link {key!r} must be a string")
+        tls = value.get("tls")
+        if tls is not None and type(tls) is not bool:
+            raise ProtocolError("HELLO link 'tls' must be a boolean")
         return cls(
             _text(value, "kind", "HELLO link"),
             _text(value, "name", "HELLO link"),
             _text(value, "node", "HELLO link"),
-            cluster,
+            optional["cluster"],
+            optional["vpn"],
+            tls,
         )
 
     def encode(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"kind": self.kind, "name": self.name, "node": self.node}
         if self.cluster is not None:
             wire["cluster"] = self.cluster
+        if self.vpn is not None:
+            wire["vpn"] = self.vpn
+        if self.tls is not None:
+            wire["tls"] = self.tls
         return wire
 
 

@@ -123,6 +123,7 @@ class WireLink(Link):
         :meth:`send` refuses more (counted as forward failures).
     :param stable_period: seconds a connection must stay up before the delay
         between reconnects starts again from its shortest (SPEC 7).
+    :param peer_login: what the peer said of itself in its HELLO (accepted links).
     :param fail_back: while connected to a target other than the first, try the
         better-ordered ones every this many seconds and move to the first that takes
         the login (``None``: stay until the connection ends).
@@ -144,12 +145,14 @@ class WireLink(Link):
         max_pending_bytes: int = 16 * 1024 * 1024,
         stable_period: float = 30.0,
         fail_back: float | None = None,
+        peer_login: ev.LinkLogin | None = None,
     ) -> None:
         super().__init__(vpn, name, kind, dedup=dedup, endpoint=endpoint, acl=acl, profile=profile)
         self.settings = settings
         self.session = session
         self.retry_interval = retry_interval
         self.stable_period = stable_period
+        #: Seconds between attempts to reach a better-ordered target (``None``: stay).
         self.fail_back = fail_back
         self.max_pending_bytes = max_pending_bytes
         #: Called with the peer's ADVERTISE frames (gaps already dealt with).
@@ -186,7 +189,13 @@ class WireLink(Link):
         self._my_seq = 0
         self._scope: anyio.CancelScope | None = None
         self._serving: anyio.CancelScope | None = None
+        self._pause: anyio.CancelScope | None = None  # the dialling loop's wait
         self._stopped = False
+        #: Set by :meth:`suspend` (another connection carries the link), until :meth:`resume`.
+        self._suspended: anyio.Event | None = None
+        #: What the peer said of itself when it opened this link (accepted links):
+        #: its node, its name for the link and (when it says) its VPN.
+        self.peer_login: ev.LinkLogin | None = peer_login
         #: Guaranteed messages spooled here from the peer's queues.
         self.pulled = 0
         #: What ended the last connection, when it failed (a ``ProtocolError``: the
@@ -362,6 +371,31 @@ class WireLink(Link):
         clock, moving back to a better-ordered target with :attr:`fail_back`) until
         :meth:`stop`. For links made with ``settings``."""
         await dial(self)
+
+    @property
+    def suspended(self) -> bool:
+        """Whether the link lets another connection carry it (state ``reusing``)."""
+        return self._suspended is not None
+
+    def suspend(self, reason: str) -> None:
+        """Stop dialling and close the link's connection for now: another connection
+        carries what it would (its state is ``reusing``) until :meth:`resume`. For
+        links made with ``settings``."""
+        if self._stopped or self._suspended is not None:
+            return
+        self._suspended = anyio.Event()
+        self.reason = reason
+        for scope in (self._serving, self._pause):
+            if scope is not None:
+                scope.cancel()
+        if self._connection is None and self.attached:
+            self.set_state(LinkState.REUSING, reason)
+
+    def resume(self) -> None:
+        """Dial again (after :meth:`suspend`)."""
+        event, self._suspended = self._suspended, None
+        if event is not None:
+            event.set()
 
     def stop(self, reason: str = "stopped") -> None:
         """Close the link for good: its connection closes and it leaves its VPN (state

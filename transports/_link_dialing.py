@@ -41,12 +41,25 @@ async def dial(link: WireLink) -> None:
     node = link.vpn.node
     dialer = Dialer(settings, clock=node.clock)
     hello = settings.hello(None)
-    hello["link"] = ev.LinkLogin(link.kind, link.name, node.node_id, node.cluster).encode()
+    tls = settings.tls is not None or any(
+        isinstance(target, str) and target.startswith("tls:") for target in settings.targets
+    )
+    login = ev.LinkLogin(link.kind, link.name, node.node_id, node.cluster, link.vpn.name, tls)
+    hello["link"] = login.encode()
     link._scope = anyio.CancelScope()
     better: list[tuple[Connection, ev.Welcome]] = []  # what fail-back found
     try:
         with link._scope:
             while not link._stopped:
+                suspended = link._suspended
+                if suspended is not None:  # another connection carries the link for now
+                    for unused, _ in better:
+                        await unused.aclose()
+                    better.clear()
+                    link.set_state(LinkState.REUSING, link.reason)
+                    await suspended.wait()
+                    dialer.backoff.reset()
+                    continue
                 if better:
                     connection, welcome = better.pop()
                 else:
@@ -62,7 +75,11 @@ async def dial(link: WireLink) -> None:
                             exc,
                         )
                         link.set_state(LinkState.BACKOFF, str(exc))
-                        await dialer.wait()
+                        await _pause(link, dialer)
+                        continue
+                    if link._suspended is not None:  # while it logged in
+                        with anyio.CancelScope(shield=True):
+                            await connection.aclose()
                         continue
                 up_since = node.clock.monotonic()
                 try:
@@ -90,11 +107,20 @@ async def dial(link: WireLink) -> None:
                 if better:
                     log.info("link %r moved back to %s", link.name, dialer.target)
                     continue
+                if link._suspended is not None:
+                    continue
                 log.warning("link %r to %s lost: %s", link.name, dialer.target, reason)
-                await dialer.wait()
+                await _pause(link, dialer)
     finally:
         link._stopped = True
         link.vpn.links.detach(link)
+
+
+async def _pause(link: WireLink, dialer: Dialer) -> None:
+    """Wait out the backoff before the next attempt (cut short by a suspend)."""
+    with anyio.CancelScope() as link._pause:
+        await dialer.wait()
+    link._pause = None
 
 
 async def _fail_back(

@@ -333,6 +333,7 @@ class Server:
                 session=session,
                 acl=session._acl,
                 profile=session.client_profile,
+                peer_login=login,
             )
             vpn.links.attach(link)
             welcome = self._welcome(session, {"link": login.kind})

@@ -7,14 +7,22 @@ messages between a VPN of this node and a VPN of another node (over a
 :class:`~meshbus.LocalLink`), with remote subscriptions changeable while running,
 topic mapping in both directions (:class:`TopicMapper`), hop counting and origin
 de-duplication, and guaranteed flows bound to remote queues (each message spooled
-to all matching local endpoints before its ack), failover in connect order and
-fail-back. Not built yet: guaranteed messages over a same-node bridge, sharing one
-connection between the two bridges of a pair, a forward-latency histogram and
-bridge counters in ``meshbus stats`` (:meth:`Bridge.statistics` and :func:`totals`
-have the counters).
+to all matching local endpoints before its ack, those that arrive together in one
+commit), failover in connect order and fail-back, one connection for the two bridges
+of a pair, counters per bridge with a forward latency histogram (also in ``meshbus
+stats``). Not built yet: guaranteed messages over a same-node bridge.
 """
 
-from ._bridge import BRIDGE, Bridge, BridgeSettings, bridges, open_bridge, totals
+from ._bridge import (
+    BRIDGE,
+    CARRIES,
+    Bridge,
+    BridgeSettings,
+    bridges,
+    open_bridge,
+    partner_of,
+    totals,
+)
 from ._mapping import (
     EXCLUDED,
     NO_MATCH,
@@ -27,6 +35,7 @@ from ._mapping import (
 
 __all__ = [
     "BRIDGE",
+    "CARRIES",
     "EXCLUDED",
     "NO_MATCH",
     "TOO_SHORT",
@@ -38,5 +47,6 @@ __all__ = [
     "bridges",
     "directions",
     "open_bridge",
+    "partner_of",
     "totals",
 ]

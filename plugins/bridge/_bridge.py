@@ -19,6 +19,7 @@ bridge's ``hop_count_limit``) and de-duplicates by origin unless told not to.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ import attrs
 from meshbus import (
     ConfigurationError,
     Envelope,
+    LatencyHistogram,
     Link,
     LinkPipeline,
     LinkState,
@@ -43,7 +45,9 @@ from meshbus.transports import Backoff, ConnectSettings, TlsSettings, WireLink
 
 from ._mapping import NO_MATCH, Mapped, TopicMapper, TopicMapping, directions
 
-__all__ = ["Bridge", "BridgeSettings", "bridges", "open_bridge", "totals"]
+__all__ = ["CARRIES", "Bridge", "BridgeSettings", "bridges", "open_bridge", "partner_of", "totals"]
+
+log = logging.getLogger("meshbus.bridge")
 
 
 def _name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -139,6 +143,15 @@ class Bridge:
         #: Its link: a WireLink to the remote node, or this end of a LocalLink pair.
         self.link: Link
         self._far: LocalLink | None = None
+        #: The connection of the other bridge of a pair that this one rides on (its own
+        #: link is ``reusing`` meanwhile), if any.
+        self.carrier: WireLink | None = None
+        #: Why this bridge does not share a connection with the other of its pair
+        #: (``""``: it does, or it has found none).
+        self.pairing = ""
+        self.hops = HopCountSettings(
+            enabled=settings.loop_prevention, hop_count_limit=settings.hop_count_limit
+        )
 
     def _sub_mapper(self) -> TopicMapper:
         return directions(
@@ -183,15 +196,75 @@ class Bridge:
 
     def _want(self, topic_filter: str) -> None:
         if isinstance(self.link, WireLink):
-            self.link.want(topic_filter)
+            self.link.want(topic_filter)  # kept for when it dials again
+            if self.carrier is not None:
+                self.carrier.want(topic_filter)
         elif self._far is not None:
             self._far.add_interest(topic_filter)
 
     def _unwant(self, topic_filter: str) -> None:
         if isinstance(self.link, WireLink):
             self.link.unwant(topic_filter)
+            if self.carrier is not None:
+                self.carrier.unwant(topic_filter)
         elif self._far is not None:
             self._far.remove_interest(topic_filter)
+
+    # --- a bi-directional pair on one connection (SPEC 7) -------------------------------
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether the bridge's settings ask for TLS (a ``tls`` setting or ``tls://``)."""
+        return self.settings.tls is not None or any(
+            isinstance(remote, str) and remote.startswith("tls:")
+            for remote in self.settings.remotes
+        )
+
+    def partner(self, link: Link) -> bool:
+        """Whether ``link``, accepted from a peer node, is the other bridge of this one's
+        pair: same bridge name, each VPN the other's remote VPN, the node this bridge
+        dials (once known). A partner whose TLS setting differs is not: the reason is
+        kept in :attr:`pairing` and logged."""
+        login = getattr(link, "peer_login", None)
+        if login is None or link.kind != "bridge" or not self.settings.remotes:
+            return False
+        if login.name != f"bridge/{self.settings.name}" or login.vpn != self.settings.remote_vpn:
+            return False
+        known = self.link.peer_node
+        if known is not None and known != login.node:
+            return False
+        if login.tls is not None and login.tls != self.uses_tls:
+            mine, theirs = ("uses", "does not") if self.uses_tls else ("does not use", "does")
+            self.pairing = (
+                f"two connections: this bridge {mine} TLS and the one of node {login.node} {theirs}"
+            )
+            log.info("bridge %r: %s", self.settings.name, self.pairing)
+            return False
+        return True
+
+    def ride(self, carrier: WireLink) -> None:
+        """Carry this bridge over ``carrier``, the connection the other bridge of the pair
+        opened: ask for its subscriptions and queues there, send its PUB messages there,
+        and close its own connection until ``carrier`` goes (state ``reusing``)."""
+        own = self.link
+        assert isinstance(own, WireLink)
+        self.carrier = carrier
+        self.pairing = ""
+        for topic_filter in self.wants:
+            carrier.want(topic_filter)
+        for queue in self.settings.queues:
+            carrier.pull(queue, window=self.settings.window)
+        for topic_filter in self.pub.filters:
+            carrier.add_interest(topic_filter)
+        own.suspend(f"reusing the connection node {carrier.peer_node} opened")
+
+    def dismount(self, carrier: WireLink) -> None:
+        """``carrier`` went down: dial again."""
+        if self.carrier is carrier:
+            self.carrier = None
+            own = self.link
+            assert isinstance(own, WireLink)
+            own.resume()
 
     # --- state ------------------------------------------------------------------------
 
@@ -215,20 +288,36 @@ class Bridge:
         disconnects, forwarded, forward failures, received, receive failures, drops by
         reason (``excluded``, ``topic_too_short``, ``hop_limit``, ``duplicate``,
         ``no_local``, ``no_eligible_destination``) and its state. For a same-node
-        bridge, what comes in is counted on the other VPN's end, added here."""
+        bridge, what comes in is counted on the other VPN's end, added here; for one
+        riding the connection of the other bridge of its pair, that connection's
+        counters are added (it carries both bridges)."""
         own = self.link.statistics()
-        far = self._far
+        far = self._far if self._far is not None else self.carrier
         if far is None:
             return own
         other = far.statistics()
         dropped = dict(own.dropped)
         for reason, n in other.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + n
+        if far is self._far:
+            return attrs.evolve(
+                own,
+                forwarded=own.forwarded + other.forwarded,
+                forward_failures=own.forward_failures + other.forward_failures,
+                dropped=dropped,
+            )
+        latency = LatencyHistogram()
+        for histogram in (own.forward_latency, other.forward_latency):
+            for i, label in enumerate(LatencyHistogram.LABELS):
+                latency.counts[i] += histogram.get(label, 0)
         return attrs.evolve(
             own,
             forwarded=own.forwarded + other.forwarded,
             forward_failures=own.forward_failures + other.forward_failures,
+            received=own.received + other.received,
+            receive_failures=own.receive_failures + other.receive_failures,
             dropped=dropped,
+            forward_latency=latency.snapshot() if latency.total else {},
         )
 
     def __repr__(self) -> str:
@@ -236,28 +325,25 @@ class Bridge:
 
     # --- stages -------------------------------------------------------------------------
 
-    def stages(self, pipeline: LinkPipeline) -> None:
-        """The mapping stages of the bridge's link (called when it is attached); a
-        message they stop is counted as ``excluded`` or ``topic_too_short``. What no
+    def stages(self, pipeline: LinkPipeline, link: Link) -> None:
+        """The mapping stages of ``link`` (the bridge's own, or the connection of the
+        other bridge of its pair that it rides on), added when it is attached; a message
+        they stop is counted on it as ``excluded`` or ``topic_too_short``. What no
         mapping of the direction takes crosses as it is: the other side asked for it
-        (a two-way bridge riding the same connection)."""
+        (a two-way pair riding the same connection)."""
         if self.pub:
-            pipeline.add_egress("topic-mapping", self._map_out, reason="")
-        pipeline.add_ingress("topic-mapping", self._map_in, reason="")
+            pipeline.add_egress(
+                "topic-mapping", lambda e: self._apply(self.pub, e, link), reason=""
+            )
+        pipeline.add_ingress("topic-mapping", lambda e: self._apply(self.sub, e, link), reason="")
 
-    def _map_out(self, envelope: Envelope) -> bool:
-        return self._apply(self.pub, envelope)
-
-    def _map_in(self, envelope: Envelope) -> bool:
-        return self._apply(self.sub, envelope)
-
-    def _apply(self, mapper: TopicMapper, envelope: Envelope) -> bool:
+    def _apply(self, mapper: TopicMapper, envelope: Envelope, link: Link) -> bool:
         message = envelope.message
         result = mapper.map(message.topic)
         if result is NO_MATCH:
             return True
         if type(result) is not Mapped:
-            self.link.count_drop(result.reason)  # type: ignore[union-attr]
+            link.count_drop(result.reason)  # type: ignore[union-attr]
             return False
         if result.topic != message.topic:
             envelope.message = make_message(
@@ -282,9 +368,7 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
             "stages map the bridge's topics"
         )
     bridge = Bridge(vpn, settings)
-    hops = HopCountSettings(
-        enabled=settings.loop_prevention, hop_count_limit=settings.hop_count_limit
-    )
+    hops = bridge.hops
     name = f"bridge/{settings.name}"
     if settings.remotes:
         connect = ConnectSettings(
@@ -338,6 +422,20 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
         for topic_filter in bridge.wants:
             bridge._far.add_interest(topic_filter)
     return bridge
+
+
+CARRIES = StashKey[Bridge]()
+"""The bridge whose pair partner's connection a link is (in the accepted link's stash)."""
+
+
+def partner_of(link: Link) -> Bridge | None:
+    """The bridge of ``link``'s VPN whose pair partner opened ``link``, if any."""
+    if link.stash.get(BRIDGE, None) is not None:
+        return None
+    for bridge in bridges(link.vpn):
+        if bridge.partner(link):
+            return bridge
+    return None
 
 
 def _pub_interest(bridge: Bridge) -> None:

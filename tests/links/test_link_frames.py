@@ -126,7 +126,7 @@ async def test_a_link_to_a_node_that_answers_with_a_session_backs_off() -> None:
         assert link.state.value == "backoff"
         assert "the node did not accept a link" in link.reason
         assert link.connects == 0
-        assert hellos[0].link == ev.LinkLogin("bridge", "to-old", "node", None)
+        assert hellos[0].link == ev.LinkLogin("bridge", "to-old", "node", None, "default", False)
         link.stop()
         await r.clock.settle()
 
@@ -633,3 +633,23 @@ async def test_a_message_to_a_topic_no_client_could_publish_to_is_not_taken(
         assert not peer.ended
         assert local.receive_nowait() is None
         assert queue_depth(r.node, "all") == 0
+
+
+@pytest.mark.parametrize(
+    ("link", "why"),
+    [
+        ({"kind": "bridge", "name": "x", "node": "n", "vpn": 3}, "'vpn' must be a string"),
+        ({"kind": "bridge", "name": "x", "node": "n", "tls": "yes"}, "'tls' must be a boolean"),
+        ({"kind": "bridge", "name": "x", "node": "n", "cluster": []}, "'cluster' must be a string"),
+    ],
+)
+def test_what_a_link_says_of_itself_is_checked(link: dict[str, object], why: str) -> None:
+    with pytest.raises(ProtocolError, match=why):
+        ev.LinkLogin.decode(link)
+
+
+def test_what_a_link_says_of_itself_round_trips() -> None:
+    login = ev.LinkLogin("bridge", "bridge/x", "n", "c", "office", True)
+    assert ev.LinkLogin.decode(login.encode()) == login
+    bare = ev.LinkLogin("bridge", "x", "n", None)
+    assert bare.encode() == {"kind": "bridge", "name": "x", "node": "n"}

@@ -7,7 +7,7 @@ import pytest
 
 from meshbus import ConfigurationError, LinkState, Message, Node
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, bridges, open_bridge, totals
-from meshbus.transports import connect
+from meshbus.transports import TlsSettings, connect
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
@@ -463,3 +463,66 @@ async def test_a_batch_of_pulled_messages_stops_at_the_first_an_endpoint_refuses
     assert local.guaranteed.queue("all").usage()[0] == 120
     assert bridge.link.statistics().receive_failures >= 1
     assert far.guaranteed.queue("Q").usage()[0] == 80
+
+
+def pair_settings(mesh: Mesh, here: str, there: str, **options: object) -> BridgeSettings:
+    """Bridge ``pair`` from node ``here`` to node ``there``, asking for everything."""
+    target = mesh.network.connectable(there, source=here)
+    return BridgeSettings("pair", remotes=[target], subscriptions=[">"], **options)  # type: ignore[arg-type]
+
+
+async def test_the_two_bridges_of_a_pair_share_one_connection(mesh: Mesh) -> None:
+    a, b = await mesh.start("a"), await mesh.start("b")
+    on_a = open_bridge(a.vpn(), pair_settings(mesh, "a", "b"))
+    on_b = open_bridge(b.vpn(), pair_settings(mesh, "b", "a"))
+    await mesh.clock.wait_for(
+        lambda: (on_a.state, on_b.state) == (LinkState.IN_SYNC, LinkState.REUSING), within=30
+    )
+    await mesh.clock.settle()
+    assert mesh.network.connections("a", "b") == 1  # the one node a (the smaller id) opened
+    assert on_b.carrier is not None
+    assert on_b.carrier.peer_node == "a"
+    readers = {node.name: reader(node) for node in (a, b)}
+    a.connect().publish("from/a", b"1")
+    b.connect().publish("from/b", b"2")
+    await mesh.clock.settle()
+    got = {name: sorted(m.payload for m in drain(r)) for name, r in readers.items()}
+    assert got == {"a": [b"1", b"2"], "b": [b"1", b"2"]}  # each once: no echo
+    # Each message came back to where it came from as an echo, not sent: no-local.
+    (carried,) = [link for link in b.vpn().links if link is not on_b.link]
+    assert carried.statistics().dropped == {"no_local": 1}
+    assert on_a.link.statistics().dropped == {"no_local": 1}
+    assert (on_a.statistics().received, on_b.statistics().received) == (1, 1)
+
+    mesh.network.cut("a", "b")  # the shared connection goes: b dials again, then rides again
+    await mesh.clock.wait_for(lambda: mesh.network.connections("a", "b") == 1, within=60)
+    await mesh.clock.wait_for(
+        lambda: (
+            {on_a.state, on_b.state} <= {LinkState.IN_SYNC, LinkState.REUSING}
+            and LinkState.IN_SYNC in {on_a.state, on_b.state}
+        ),
+        within=60,
+    )
+    await mesh.clock.run(30)
+    assert mesh.network.connections("a", "b") == 1
+    a.connect().publish("again/a", b"3")
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(readers["b"])] == [b"3"]
+
+
+async def test_a_pair_whose_tls_settings_differ_keeps_two_connections(mesh: Mesh) -> None:
+    a, b = await mesh.start("a"), await mesh.start("b")
+    on_a = open_bridge(a.vpn(), pair_settings(mesh, "a", "b"))
+    on_b = open_bridge(b.vpn(), pair_settings(mesh, "b", "a", tls=TlsSettings()))
+    await mesh.clock.wait_for(lambda: on_a.state is on_b.state is LinkState.IN_SYNC, within=30)
+    await mesh.clock.run(10)
+    assert mesh.network.connections("a", "b") == 2
+    assert on_a.pairing == (
+        "two connections: this bridge does not use TLS and the one of node b does"
+    )
+    assert on_b.pairing == "two connections: this bridge uses TLS and the one of node a does not"
+    readers = {node.name: reader(node) for node in (a, b)}
+    a.connect().publish("from/a", b"1")
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(readers["b"])] == [b"1"]  # the second copy: a duplicate
+    assert [m.payload for m in drain(readers["a"])] == [b"1"]
