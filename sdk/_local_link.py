@@ -11,8 +11,10 @@ as the near one did, so a publish that crosses costs two routings and no task
 switch. A loop of local links ends where every loop of links ends: at the hop
 limit or at the origin filter of a VPN the message was in before.
 
-Guaranteed messages cross as their direct copy (what the far VPN's subscriptions
-get), as over a wire link's DELIVER; spooling across a local link is not built yet.
+Guaranteed messages routed over it cross as their direct copy (what the far VPN's
+subscriptions get), as over a wire link's DELIVER. A bridge moves guaranteed messages
+across by binding a flow to a queue of the far VPN and spooling what it delivers with
+:meth:`~meshbus.Link.receive_guaranteed_many` (``meshbus.plugins.bridge``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Plugin ``bridge``: Message VPN bridges (SPEC 7).
 
-Built so far: bridges opened from Python (:func:`open_bridge`) or from the
-configuration file (``[[vpns.NAME.bridges]]``) that carry direct
-messages between a VPN of this node and a VPN of another node (over a
-:class:`~meshbus.transports.WireLink`) or of this node (over a
+Bridges opened from Python (:func:`open_bridge`) or from the configuration file
+(``[[vpns.NAME.bridges]]``) that carry direct messages between a VPN of this node
+and a VPN of another node (over a :class:`~meshbus.transports.WireLink`) or of this
+node (over a
 :class:`~meshbus.LocalLink`), with remote subscriptions changeable while running,
 topic mapping in both directions (:class:`TopicMapper`), hop counting and origin
-de-duplication, and guaranteed flows bound to remote queues (each message spooled
-to all matching local endpoints before its ack, those that arrive together in one
-commit), failover in connect order and fail-back, one connection for the two bridges
-of a pair, counters per bridge with a forward latency histogram (also in ``meshbus
-stats``). Not built yet: guaranteed messages over a same-node bridge.
+de-duplication, and guaranteed flows bound to the queues of the VPN at the other end
+(each message spooled to all matching local endpoints before its ack, those that
+arrive together in one commit), failover in connect order and fail-back, one
+connection for the two bridges of a pair, counters per bridge with a forward
+latency histogram (also in ``meshbus stats``).
 """
 
 from ._bridge import (

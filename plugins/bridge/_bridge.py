@@ -23,6 +23,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 import attrs
 
 from meshbus import (
@@ -43,6 +44,7 @@ from meshbus.plugins.hopcount import SETTINGS as HOP_SETTINGS
 from meshbus.plugins.hopcount import HopCountSettings
 from meshbus.transports import Backoff, ConnectSettings, TlsSettings, WireLink
 
+from ._local_pull import pull_local
 from ._mapping import NO_MATCH, Mapped, TopicMapper, TopicMapping, directions
 
 __all__ = ["CARRIES", "Bridge", "BridgeSettings", "bridges", "open_bridge", "partner_of", "totals"]
@@ -96,7 +98,7 @@ class BridgeSettings:
     """Queues of the remote VPN to bind a flow to: each message they deliver is spooled
     to every matching local endpoint in one commit before it is acknowledged there;
     one an endpoint refuses is tried again every second and holds up only its flow.
-    Needs ``remotes`` (a same-node bridge carries direct messages only, so far)."""
+    Without ``remotes``, the queues of the other VPN of this node."""
     window: int = attrs.field(default=255, validator=_window)
     """Messages each of those flows may have unacknowledged."""
     topics: tuple[TopicMapping, ...] = attrs.field(default=(), converter=tuple)
@@ -143,6 +145,7 @@ class Bridge:
         #: Its link: a WireLink to the remote node, or this end of a LocalLink pair.
         self.link: Link
         self._far: LocalLink | None = None
+        self._pulls = anyio.CancelScope()  # a same-node bridge's flows from the other VPN
         #: The connection of the other bridge of a pair that this one rides on (its own
         #: link is ``reusing`` meanwhile), if any.
         self.carrier: WireLink | None = None
@@ -277,8 +280,16 @@ class Bridge:
         """Wait until the link is in one of ``states`` (see :meth:`Link.wait_for`)."""
         return await self.link.wait_for(*states)
 
+    async def _pull_local(self, queue: str) -> None:
+        """Same-node bridges: move ``queue``'s messages from the other VPN, until stopped."""
+        assert isinstance(self.link, LocalLink)
+        assert self._far is not None
+        with self._pulls:
+            await pull_local(self.link, self._far, queue, self.settings.window)
+
     def stop(self, reason: str = "stopped") -> None:
         """Close the bridge for good."""
+        self._pulls.cancel()
         link = self.link
         if isinstance(link, (WireLink, LocalLink)):
             link.stop(reason)
@@ -394,11 +405,6 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
         for queue in settings.queues:
             link.pull(queue, window=settings.window)
     else:
-        if settings.queues:
-            raise ConfigurationError(
-                f"bridge {settings.name!r}: queues need a remote node (a bridge between "
-                "two VPNs of one node carries direct messages only, so far)"
-            )
         far_vpn = vpn.node.vpns.get(settings.remote_vpn)
         if far_vpn is None or far_vpn is vpn:
             raise ConfigurationError(
@@ -421,6 +427,8 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
         bridge._far.vpn.links.attach(bridge._far)
         for topic_filter in bridge.wants:
             bridge._far.add_interest(topic_filter)
+        for queue in settings.queues:
+            vpn.node.task_group.start_soon(bridge._pull_local, queue)
     return bridge
 
 

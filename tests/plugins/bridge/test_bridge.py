@@ -217,12 +217,45 @@ async def test_guaranteed_messages_wait_on_the_remote_until_the_local_queue_has_
     assert far.guaranteed.queue("Q").usage()[0] == 0
 
 
-async def test_a_same_node_bridge_takes_no_queues_yet() -> None:
-    async with Node() as node:
-        node.create_vpn("b")
-        with pytest.raises(ConfigurationError, match="queues need a remote node"):
-            open_bridge(node.vpn(), BridgeSettings("x", remote_vpn="b", queues=["q"]))
-        assert len(node.vpn().links) == 0
+async def test_a_same_node_bridge_moves_guaranteed_messages_between_its_vpns(
+    mesh: Mesh,
+) -> None:
+    node = await mesh.start("solo")
+    node.create_vpn("office")
+    node.guaranteed.create_queue("Q", vpn="office", subscriptions=["g/>"])
+    node.guaranteed.create_queue("L", subscriptions=["g/>"], max_messages=50)
+    bridge = open_bridge(
+        node.vpn(), BridgeSettings("x", remote_vpn="office", queues=["Q"], window=20)
+    )
+    assert bridge.state is LinkState.IN_SYNC
+    sender = node.connect("office")
+    for i in range(120):
+        await sender.send(f"g/{i}", b"%d" % i)
+    await mesh.clock.run(5)  # the 51st is refused, and offered again each second
+    assert node.guaranteed.queue("L").usage()[0] == 50
+    assert 120 - 50 - 20 <= node.guaranteed.queue("Q", vpn="office").usage()[0] <= 70
+    assert bridge.statistics().receive_failures >= 1
+
+    flow = await node.connect(client_name="clerk").bind("L")
+    got: list[Message] = []
+
+    async def consume() -> None:
+        while True:
+            message = await flow.receive()
+            got.append(message)
+            flow.ack(message)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        await mesh.clock.wait_for(lambda: len(got) == 120, within=600)
+        tg.cancel_scope.cancel()
+    assert [m.payload for m in got] == [b"%d" % i for i in range(120)]
+    assert {(m.redelivered, m.hop_count) for m in got} == {(False, 1)}
+    await mesh.clock.settle()
+    assert node.guaranteed.queue("Q", vpn="office").usage()[0] == 0
+    bridge.stop()
+    await mesh.clock.settle()
+    assert len(node.vpn("office").links) == 0
 
 
 async def test_a_two_way_exchange_is_counted_exactly(mesh: Mesh) -> None:
