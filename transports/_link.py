@@ -641,7 +641,8 @@ class WireLink(Link):
         """The session that holds the flows the peer binds on this side."""
         if self.session is None:
             node = self.vpn.node
-            name = f"#link/{self.name}"
+            # A client name is one topic level: no '/' (a link's name may have some).
+            name = "link:" + self.name.replace("/", ":")
             self.session = node.connect(self.vpn.name, client_name=name)
         return self.session
 

@@ -559,3 +559,21 @@ async def test_a_pair_whose_tls_settings_differ_keeps_two_connections(mesh: Mesh
     await mesh.clock.settle()
     assert [m.payload for m in drain(readers["b"])] == [b"1"]  # the second copy: a duplicate
     assert [m.payload for m in drain(readers["a"])] == [b"1"]
+
+
+async def test_a_bridge_riding_its_partner_s_connection_drains_a_queue_across_it(
+    mesh: Mesh,
+) -> None:
+    a, b = await mesh.start("a"), await mesh.start("b")
+    a.guaranteed.create_queue("Q", subscriptions=["g/>"])
+    b.guaranteed.create_queue("L", subscriptions=["g/>"])
+    await a.connect().send("g/1", b"across the shared connection")
+    on_a = open_bridge(a.vpn(), pair_settings(mesh, "a", "b"))
+    on_b = open_bridge(b.vpn(), pair_settings(mesh, "b", "a", queues=["Q"]))
+    await mesh.clock.wait_for(
+        lambda: (on_a.state, on_b.state) == (LinkState.IN_SYNC, LinkState.REUSING), within=30
+    )
+    # b rides the connection a opened, so b's flow is bound over a's dialling link.
+    await mesh.clock.wait_for(lambda: b.guaranteed.queue("L").usage()[0] == 1, within=30)
+    assert a.guaranteed.queue("Q").usage()[0] == 0
+    assert mesh.network.connections("a", "b") == 1
