@@ -379,8 +379,13 @@ async def mesh_demo() -> None:
             f"{dropped['hop_limit']}, by origin: {dropped['duplicate']}"
         )
 
-    _say("Bridges: two VPNs of one node, topics mapped on the way (SPEC 7, 9)")
+
+async def bridge_demo() -> None:
+    from meshbus import LinkState
     from meshbus.plugins.bridge import BridgeSettings, TopicMapping, open_bridge
+    from meshbus.transports import ListenerSettings, MemoryNetwork, start_server
+
+    _say("Bridges: two VPNs of one node, topics mapped on the way (SPEC 7, 9)")
 
     async with Node(name="site", node_id="site-7") as site:
         office = site.create_vpn("office")
@@ -414,6 +419,62 @@ async def mesh_demo() -> None:
         print(
             f"  site operator got {order.topic} = {order.payload.decode()}"
             f" from {order.sender!r} (hop count {order.hop_count})"
+        )
+
+    _say("Bridges between two nodes: one on each, one connection, a queue drained across")
+    network = MemoryNetwork()
+    async with (
+        Node(name="plant", node_id="plant") as plant,
+        Node(name="hq", node_id="hq") as hq,
+    ):
+        for node in (plant, hq):
+            vpn = node.vpn()
+            vpn.add_client_profile(
+                attrs.evolve(vpn.client_profiles["default"], allow_bridge_connections=True)
+            )
+            await start_server(node, ListenerSettings(), listener=network.listen(node.name))
+        hq.guaranteed.create_queue("to-plant", subscriptions=["work-orders/>"])
+        plant.guaranteed.create_queue("work", subscriptions=["work-orders/>"])
+        await hq.connect(client_name="planner").send("work-orders/88", b"repaint line 2")
+        pair = {
+            node.name: open_bridge(
+                node.vpn(),
+                BridgeSettings(
+                    "plant-hq",
+                    remotes=[network.connectable(peer, source=node.name)],
+                    subscriptions=[wanted],
+                    queues=["to-plant"] if node is plant else [],
+                ),
+            )
+            for node, peer, wanted in ((plant, "hq", "commands/>"), (hq, "plant", "alarms/>"))
+        }
+        with anyio.fail_after(10):
+            while {b.state for b in pair.values()} != {LinkState.IN_SYNC, LinkState.REUSING}:
+                await anyio.sleep(0.01)
+        states = ", ".join(f"{name} {b.state.value}" for name, b in pair.items())
+        print(
+            f"  bridge 'plant-hq' on both nodes: {states}; "
+            f"{network.connections('plant', 'hq')} connection between them"
+        )
+        board = hq.connect(client_name="board")
+        board.subscribe("alarms/>")
+        robot = plant.connect(client_name="robot")
+        robot.subscribe("commands/>")
+        plant.connect(client_name="press-3").publish("alarms/press-3", b"jammed")
+        hq.connect(client_name="ops").publish("commands/press-3", b"stop")
+        with anyio.fail_after(10):
+            alarm, command = await board.receive(), await robot.receive()
+            flow = await plant.connect(client_name="crew").bind("work")
+            work = await flow.receive()
+        flow.ack(work)
+        print(
+            f"  hq board got {alarm.topic} = {alarm.payload.decode()}; plant robot got "
+            f"{command.topic} = {command.payload.decode()}"
+        )
+        print(
+            f"  plant crew got {work.topic} = {work.payload.decode()!r} from hq's queue "
+            f"(hop count {work.hop_count}); hq's queue holds "
+            f"{hq.guaranteed.queue('to-plant').usage()[0]}"
         )
 
 
@@ -472,4 +533,5 @@ def main() -> None:
     anyio.run(guaranteed_demo)
     anyio.run(remote_demo)
     anyio.run(mesh_demo)
+    anyio.run(bridge_demo)
     anyio.run(spark_demo)

@@ -56,6 +56,10 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "bridge 'to-office' (site -> office) in-sync" in out
     assert "office clerk got site-7/alarms/press-3 = overheated from 'press-3'" in out
     assert "site operator got orders/17 = 400 parts from 'erp' (hop count 1)" in out
+    # a pair of bridges between two nodes: one connection, both ways, a queue drained
+    assert "plant reusing, hq in-sync; 1 connection between them" in out
+    assert "hq board got alarms/press-3 = jammed; plant robot got commands/press-3 = stop" in out
+    assert "from hq's queue (hop count 1); hq's queue holds 0" in out
     # Spark: the bus feeds a streaming query into Parquet, Spark publishes back
     if shutil.which("java") is None:
         assert "skipped: Spark needs Java 17" in out
