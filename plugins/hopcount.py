@@ -27,9 +27,9 @@ The limit is the node's (:func:`configure`, or ``[hopcount]`` in the configurati
 file), or a link's own: put a :class:`HopCountSettings` in ``link.stash[SETTINGS]``
 before the link is attached (a bridge does that from its ``hop_count_limit``).
 
-With ``hide_from_clients`` the node's client sessions get direct messages with a hop
-count of 0, except those whose client name matches one of ``shown_to`` (configure
-the node before sessions open).
+With ``hide_from_clients`` the node's client sessions get messages with a hop count
+of 0, direct ones and those of the flows they bind, except sessions whose client name
+matches one of ``shown_to`` (configure the node before sessions open).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from meshbus import (
     hookimpl,
     make_message,
 )
+from meshbus.abc import Flow
 
 __all__ = ["KINDS", "REASON", "SETTINGS", "HopCountSettings", "configure", "dropped"]
 
@@ -86,8 +87,9 @@ class HopCountSettings:
     hop_count_limit: int = attrs.field(default=1, validator=_limit)
     """The most bridges a message may cross."""
     hide_from_clients: bool = False
-    """Deliver direct messages to the node's client sessions with a hop count of 0 (a
-    node-wide setting). Such a session's deliveries then go through one more step."""
+    """Deliver messages to the node's client sessions with a hop count of 0, direct ones
+    and those of the flows they bind (a node-wide setting; links see the real count).
+    Such a session's deliveries then go through one more step."""
     shown_to: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_patterns)
     """Regular expressions of client names that still see the hop count when it is
     hidden (matched against the whole name)."""
@@ -162,18 +164,54 @@ def meshbus_session_opened(session: Session) -> None:
     inner: Callable[[Message], None] = session.deliver
 
     def without_hop_count(message: Message) -> None:
-        options = message.options
-        if options.hop_count:
-            message = make_message(
-                message.topic,
-                message.payload,
-                message.sender,
-                message.timestamp,
-                attrs.evolve(options, hop_count=0),
-            )
-        inner(message)
+        inner(_hidden(message))
 
     session.deliver = without_hop_count
+    bind, bind_endpoint = session.bind, session.bind_topic_endpoint
+
+    async def bind_without(queue: str, *, window: int = 255) -> Flow:
+        return _WithoutHopCount(await bind(queue, window=window))
+
+    async def bind_endpoint_without(endpoint: str, subscription: str, *, window: int = 255) -> Flow:
+        return _WithoutHopCount(await bind_endpoint(endpoint, subscription, window=window))
+
+    session.bind = bind_without  # type: ignore[method-assign]
+    session.bind_topic_endpoint = bind_endpoint_without  # type: ignore[method-assign]
+
+
+def _hidden(message: Message) -> Message:
+    options = message.options
+    if not options.hop_count:
+        return message
+    return make_message(
+        message.topic,
+        message.payload,
+        message.sender,
+        message.timestamp,
+        attrs.evolve(options, hop_count=0),
+    )
+
+
+class _WithoutHopCount(Flow):
+    """A flow whose messages come with a hop count of 0 (acks go by message id)."""
+
+    def __init__(self, flow: Flow) -> None:
+        self._flow = flow
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._flow, name)  # what the flow has besides the Flow API
+
+    async def receive(self) -> Message:
+        return _hidden(await self._flow.receive())
+
+    def ack(self, message: Message) -> None:
+        self._flow.ack(message)
+
+    async def unbind(self) -> None:
+        await self._flow.unbind()
+
+    async def __anext__(self) -> Message:
+        return _hidden(await self._flow.__anext__())
 
 
 def _read(

@@ -36,8 +36,9 @@ import anyio.abc
 
 from meshbus._links import Link, LinkState
 from meshbus._messages import HEADER_LIMITS, Envelope, Message
-from meshbus._topics import parse_subscription, validate_topic
+from meshbus._topics import parse_endpoint_subscription, parse_subscription, validate_topic
 from meshbus.errors import (
+    AccessDeniedError,
     MeshbusError,
     ProtocolError,
     PublishRejectedError,
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from meshbus._profiles import ClientProfile
     from meshbus._session import Session
     from meshbus._vpn import Vpn
+    from meshbus.abc import Flow
 
 __all__ = ["WireLink", "open_link"]
 
@@ -604,15 +606,7 @@ class WireLink(Link):
                 self.remove_interest(event.subscription)
                 answers.ok(request)
             elif isinstance(event, ev.Bind):
-                session = self._flow_session()
-                if event.endpoint is not None:
-                    assert event.subscription is not None
-                    flow = await session.bind_topic_endpoint(
-                        event.endpoint, event.subscription, window=event.window
-                    )
-                else:
-                    assert event.queue is not None
-                    flow = await session.bind(event.queue, window=event.window)
+                flow = await self._bind_for_peer(event)
                 assert self._tg is not None
                 assert self._served is not None
                 self._served.bound(request, flow, self._tg)
@@ -636,6 +630,31 @@ class WireLink(Link):
         else:
             answer.error = error_from(event.header)
         answer.done.set()
+
+    async def _bind_for_peer(self, event: ev.Bind) -> Flow:
+        """The flow the peer's BIND asks for, bound for the session the peer is (or, on a
+        dialling link, this link's own session). Bound with the guaranteed service, not
+        ``session.bind``: a plugin may change what a client session's flows deliver
+        (``hopcount`` hides hop counts from clients), while a link carries messages as
+        they are; the checks of ``session.bind`` are made here."""
+        session = self._flow_session()
+        if not session.client_profile.allow_guaranteed_receive:
+            what = event.queue or event.endpoint
+            why = "client profile does not allow guaranteed receive"
+            raise AccessDeniedError(session.username, "bind", what, why)
+        guaranteed = self.vpn.node.guaranteed
+        if event.endpoint is not None:
+            assert event.subscription is not None
+            limits = self.vpn.topic_limits
+            topic_filter = parse_endpoint_subscription(event.subscription, limits).filter
+            if not session._acl.may_subscribe(topic_filter):
+                session.denied += 1
+                raise AccessDeniedError(session.username, "subscribe", event.subscription)
+            return await guaranteed.bind_topic_endpoint(
+                session, event.endpoint, topic_filter, event.window
+            )
+        assert event.queue is not None
+        return await guaranteed.bind(session, event.queue, event.window)
 
     def _flow_session(self) -> Session:
         """The session that holds the flows the peer binds on this side."""

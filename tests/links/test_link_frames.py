@@ -653,3 +653,27 @@ def test_what_a_link_says_of_itself_round_trips() -> None:
     assert ev.LinkLogin.decode(login.encode()) == login
     bare = ev.LinkLogin("bridge", "x", "n", None)
     assert bare.encode() == {"kind": "bridge", "name": "x", "node": "n"}
+
+
+async def test_a_peer_binds_only_what_its_user_may_receive() -> None:
+    async with rig() as r:
+        vpn = r.node.vpn()
+        r.node.guaranteed.create_queue("q")
+        r.node.guaranteed.create_topic_endpoint("ep")
+        vpn.add_acl_profile(AclProfile("no-secrets", subscribe_exceptions=("secret/>",)))
+        vpn.add_client_profile(
+            ClientProfile("no-flows", allow_bridge_connections=True, allow_guaranteed_receive=False)
+        )
+        vpn.add_user("bridge", acl_profile="no-secrets")
+        vpn.add_user("sender-only", client_profile="no-flows")
+        peer = r.peer("peer")
+        assert (await peer.login(username="bridge"))[0] == K.WELCOME
+        secret = {"id": 1, "endpoint": "ep", "subscription": "secret/x", "window": 1}
+        denied = await peer.request(K.BIND, secret)
+        assert isinstance(denied, ev.ErrorAnswer)
+        assert denied.header["error"] == "access-denied"
+        other = r.peer("other")
+        assert (await other.login(username="sender-only"))[0] == K.WELCOME
+        refused = await other.request(K.BIND, {"id": 1, "queue": "q"})
+        assert isinstance(refused, ev.ErrorAnswer)
+        assert "does not allow guaranteed receive" in refused.header["message"]

@@ -213,3 +213,27 @@ async def test_the_hop_count_can_be_hidden_from_clients_but_some(mesh: Mesh) -> 
     assert [m.hop_count for m in drain(elided)] == [0]  # behind eliding's step too
     with pytest.raises(ValueError, match="not a regular expression"):
         HopCountSettings(shown_to=["("])
+
+
+async def test_the_hop_count_is_hidden_on_flows_too(mesh: Mesh) -> None:
+    a = await mesh.start("a")
+    b = await mesh.start("b")
+    hopcount.configure(b, HopCountSettings(hide_from_clients=True, shown_to=["bridge-.*"]))
+    a.guaranteed.create_queue("out", subscriptions=["g/>"])
+    b.guaranteed.create_queue("in", subscriptions=["g/>"])
+    link = mesh.link(b, "a", pulls=["out"])
+    await mesh.in_sync(link)
+    for i in range(2):
+        await a.connect().send(f"g/{i}", b"%d" % i)
+    await mesh.clock.settle()
+    plain = await b.connect(client_name="warehouse").bind("in", window=1)
+    first = await plain.receive()
+    assert (first.hop_count, first.payload, first.origin is not None) == (0, b"0", True)
+    plain.ack(first)  # acked as it came, hop count hidden or not
+    await plain.unbind()
+    shown = await b.connect(client_name="bridge-2").bind("in")
+    second = await shown.receive()
+    assert (second.hop_count, second.payload) == (1, b"1")
+    shown.ack(second)
+    await mesh.clock.settle()
+    assert b.guaranteed.queue("in").usage()[0] == 0

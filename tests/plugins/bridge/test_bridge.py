@@ -6,7 +6,9 @@ import anyio
 import pytest
 
 from meshbus import ConfigurationError, LinkState, Message, Node
+from meshbus.plugins import hopcount
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, bridges, open_bridge, totals
+from meshbus.plugins.hopcount import HopCountSettings
 from meshbus.transports import TlsSettings, connect
 from meshbus.transports.testing import Mesh
 
@@ -317,9 +319,14 @@ async def test_a_same_node_bridge_counts_both_directions() -> None:
         assert stats.dropped == {"excluded": 1}
 
 
-async def test_guaranteed_messages_pulled_over_a_bridge_count_their_hops(mesh: Mesh) -> None:
+@pytest.mark.parametrize("hidden", [False, True], ids=["shown", "hidden-from-clients"])
+async def test_guaranteed_messages_pulled_over_a_bridge_count_their_hops(
+    mesh: Mesh, hidden: bool
+) -> None:
     # edge -> middle -> local, each step a bridge pulling a queue (limit 1 on the last).
     edge, middle, local = [await mesh.start(n) for n in ("edge", "middle", "local")]
+    # Hiding the hop count from client sessions must not hide it from links.
+    hopcount.configure(middle, HopCountSettings(hide_from_clients=hidden))
     edge.guaranteed.create_queue("E", subscriptions=["g/>"])
     middle.guaranteed.create_queue("M", subscriptions=["g/>"])
     local.guaranteed.create_queue("L", subscriptions=["g/>"])
