@@ -11,6 +11,9 @@ bench/_peers.py. Figures are kept per contender; the scripts report them.
 
 from __future__ import annotations
 
+import os
+import platform
+import signal
 import statistics
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -20,10 +23,20 @@ from pathlib import Path
 import _peers
 from _clusters import Setup
 from _peers import READY_TIMEOUT, Child, PeerError
-from transport import RoundTrips, Throughput, failure, publish_timeout, rtt_timeout, say
+from transport import (
+    RoundTrips,
+    Throughput,
+    _version,
+    failure,
+    publish_timeout,
+    rtt_timeout,
+    say,
+)
 
 __all__ = [
     "Contender",
+    "exit_on_sigterm",
+    "peers_line",
     "Pair",
     "measure_rtt",
     "measure_throughput",
@@ -157,3 +170,30 @@ def run_pairs(
             tput[pair.name, topology].rates.append(t.rate)
             tput[pair.name, topology].lost += t.expected - t.received
     return rtt, tput, failed
+
+
+def peers_line() -> str:
+    """The ``# peers:`` line of a report: the peers' versions and this machine's."""
+    nats = _peers.nats_server_path()
+    mosquitto = _peers.mosquitto_path()
+    nats_version = _peers.version_of([nats, "--version"]).replace(": ", " ") if nats else "none"
+    mosquitto_version = (
+        _peers.version_of([mosquitto, "-h"]).removeprefix("mosquitto version ")
+        if mosquitto
+        else "not installed"
+    )
+    return (
+        f"# peers: {nats_version} + nats-py {_version('nats-py')}; mosquitto {mosquitto_version}"
+        f" + paho-mqtt {_version('paho-mqtt')}; meshbus {_version('meshbus')}; "
+        f"Python {platform.python_version()} on {platform.machine()}, "
+        f"{len(os.sched_getaffinity(0))} CPUs"
+    )
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # so every Child's exit runs and kills its process
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM end the script through its ``with`` blocks (children killed)."""
+    signal.signal(signal.SIGTERM, _terminate)

@@ -67,9 +67,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import os
-import platform
-import signal
 import statistics
 import sys
 import time
@@ -89,9 +86,17 @@ from _clusters import (
     nothing,
 )
 from _harness import verdict
-from _pairs import Pair, available_pairs, need_mosquitto, need_nats, run_pairs
+from _pairs import (
+    Pair,
+    available_pairs,
+    exit_on_sigterm,
+    need_mosquitto,
+    need_nats,
+    peers_line,
+    run_pairs,
+)
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError, say_result
-from transport import _version, failure, say
+from transport import failure, say
 
 from meshbus import LinkState, Node
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, open_bridge
@@ -491,36 +496,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def header(args: argparse.Namespace) -> None:
-    nats = _peers.nats_server_path()
-    mosquitto = _peers.mosquitto_path()
-    nats_version = _peers.version_of([nats, "--version"]).replace(": ", " ") if nats else "none"
-    mosquitto_version = (
-        _peers.version_of([mosquitto, "-h"]).removeprefix("mosquitto version ")
-        if mosquitto
-        else "not installed"
-    )
     say(
         f"# bridge: direct round trips M={args.requests:,}, throughput N={args.messages:,}, "
         f"guaranteed G={args.guaranteed:,}, x {PAYLOAD_SIZE} B; {args.rounds} interleaved "
         "rounds, medians; wall clock across processes, thread CPU time for the stages"
     )
-    say(
-        f"# peers: {nats_version} + nats-py {_version('nats-py')}; mosquitto {mosquitto_version}"
-        f" + paho-mqtt {_version('paho-mqtt')}; meshbus {_version('meshbus')}; "
-        f"Python {platform.python_version()} on {platform.machine()}, "
-        f"{len(os.sched_getaffinity(0))} CPUs"
-    )
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # so every Child's exit runs and kills its process
+    say(peers_line())
 
 
 def main(argv: list[str] | None = None) -> None:
     from meshbus.app._eventloop import run as run_like_meshbus_run
 
     args = parse(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     header(args)
     started = time.perf_counter()
     if "stages" in args.only:

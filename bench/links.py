@@ -79,14 +79,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import os
-import platform
-import signal
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import _harness
 import _peers
@@ -94,11 +90,19 @@ import anyio
 import attrs
 from _clusters import Setup, mosquitto_bridge, mosquitto_single, nats_route, nats_single, nothing
 from _harness import verdict
-from _pairs import Contender, Pair, available_pairs, need_mosquitto, need_nats, run_pairs
+from _pairs import (
+    Contender,
+    Pair,
+    available_pairs,
+    exit_on_sigterm,
+    need_mosquitto,
+    need_nats,
+    peers_line,
+    run_pairs,
+)
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child
 from transport import (
     RoundTrips,
-    _version,
     ratio,
     say,
 )
@@ -515,14 +519,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def header(args: argparse.Namespace) -> None:
-    nats = _peers.nats_server_path()
-    mosquitto = _peers.mosquitto_path()
-    nats_version = _peers.version_of([nats, "--version"]).replace(": ", " ") if nats else "none"
-    mosquitto_version = (
-        _peers.version_of([mosquitto, "-h"]).removeprefix("mosquitto version ")
-        if mosquitto
-        else "not installed"
-    )
     timing = "wall clock" if args.wall else "thread CPU time"
     say(
         f"# links: round trips M={args.requests:,}, throughput N={args.messages:,} x "
@@ -530,16 +526,7 @@ def header(args: argparse.Namespace) -> None:
         f"timed with {timing}, everything else wall clock; nodes on the loop `meshbus run` "
         "picks, asyncio clients on asyncio"
     )
-    say(
-        f"# peers: {nats_version} + nats-py {_version('nats-py')}; mosquitto {mosquitto_version}"
-        f" + paho-mqtt {_version('paho-mqtt')}; meshbus {_version('meshbus')}; "
-        f"Python {platform.python_version()} on {platform.machine()}, "
-        f"{len(os.sched_getaffinity(0))} CPUs"
-    )
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # so every Child's exit runs and kills its process
+    say(peers_line())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -548,7 +535,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.wall:
         _harness.clock = time.perf_counter
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     header(args)
     started = time.perf_counter()
     if "memory" in args.only:

@@ -6,6 +6,7 @@ import anyio
 import pytest
 
 from meshbus import ConfigurationError, LinkState, Message, Node
+from meshbus.abc import Flow
 from meshbus.plugins import hopcount
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, bridges, open_bridge, totals
 from meshbus.plugins.hopcount import HopCountSettings
@@ -54,6 +55,23 @@ async def test_a_one_way_bridge_brings_what_its_subscriptions_ask_for(mesh: Mesh
     publisher.publish("b/x", b"now")
     await mesh.clock.settle()
     assert [(m.topic, m.payload) for m in drain(everything)] == [("b/x", b"now")]
+
+
+async def consume(mesh: Mesh, flow: Flow, count: int) -> list[Message]:
+    """Receive and ack ``count`` messages of ``flow`` (within 10 minutes of clock time)."""
+    got: list[Message] = []
+
+    async def receive() -> None:
+        while True:
+            message = await flow.receive()
+            got.append(message)
+            flow.ack(message)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(receive)
+        await mesh.clock.wait_for(lambda: len(got) == count, within=600)
+        tg.cancel_scope.cancel()
+    return got
 
 
 def remote_bridge(mesh: Mesh, name: str = "to-remote", **options: object) -> BridgeSettings:
@@ -201,18 +219,7 @@ async def test_guaranteed_messages_wait_on_the_remote_until_the_local_queue_has_
     assert [m.payload for m in drain(watcher)] == [b"direct keeps flowing"]
 
     flow = await local.connect(client_name="warehouse").bind("L")
-    got: list[Message] = []
-
-    async def consume() -> None:
-        while True:
-            message = await flow.receive()
-            got.append(message)
-            flow.ack(message)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consume)
-        await mesh.clock.wait_for(lambda: len(got) == 300, within=600)
-        tg.cancel_scope.cancel()
+    got = await consume(mesh, flow, 300)
     assert [m.payload for m in got] == [b"%d" % i for i in range(300)]
     assert not any(m.redelivered for m in got)
     await mesh.clock.settle()
@@ -239,18 +246,7 @@ async def test_a_same_node_bridge_moves_guaranteed_messages_between_its_vpns(
     assert bridge.statistics().receive_failures >= 1
 
     flow = await node.connect(client_name="clerk").bind("L")
-    got: list[Message] = []
-
-    async def consume() -> None:
-        while True:
-            message = await flow.receive()
-            got.append(message)
-            flow.ack(message)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consume)
-        await mesh.clock.wait_for(lambda: len(got) == 120, within=600)
-        tg.cancel_scope.cancel()
+    got = await consume(mesh, flow, 120)
     assert [m.payload for m in got] == [b"%d" % i for i in range(120)]
     assert {(m.redelivered, m.hop_count) for m in got} == {(False, 1)}
     await mesh.clock.settle()
