@@ -1,8 +1,10 @@
 """A bridge between two ``meshbus run`` processes, configured in the file (SPEC 7).
 
-Node A is a plain node; node B's file has a bridge to A asking for ``a/>``, over TCP,
-or over TLS logging in with a client certificate. The test publishes on A with one
-remote session and reads on B with another. Every wait is for
+Node A is a plain node with queue ``Q``; node B's file has queue ``L`` (100 messages at
+most) and a bridge to A asking for ``a/>`` and binding a flow to ``Q``, over TCP, or
+over TLS logging in with a client certificate. The tests publish on A with one remote
+session and read on B with another: direct messages, and guaranteed ones that wait
+in ``Q`` while ``L`` is full. Every wait is for
 a printed line or for a message, within generous limits; until the bridge is in sync,
 probes are published on A (a bridge carries nothing before it is).
 """
@@ -33,6 +35,9 @@ port = 0
 
 [vpns.default.client_profiles.default]
 allow_bridge_connections = true
+
+[vpns.default.queues.Q]
+subscriptions = ["g/>"]
 """
 
 NODE_B = """
@@ -43,10 +48,15 @@ data_dir = "data-b"
 [[listeners]]
 port = 0
 
+[vpns.default.queues.L]
+subscriptions = ["g/>"]
+max_messages = 100
+
 [[vpns.default.bridges]]
 name = "to-a"
 remotes = ["{url}"]
 subscriptions = ["a/>"]
+queues = ["Q"]
 """
 
 
@@ -69,6 +79,9 @@ authentication = "client-certificate"
 [vpns.default.users.pub]
 [vpns.default.client_profiles.default]
 allow_bridge_connections = true
+
+[vpns.default.queues.Q]
+subscriptions = ["g/>"]
 """
 
 NODE_B_TLS = (
@@ -155,3 +168,41 @@ async def test_a_bridge_in_the_file_brings_what_it_asks_for_across_processes(
     assert [m.topic for m in got] == ["a/x"] * 100
     assert [m.payload for m in got] == [b"%d" % i for i in range(100)]
     assert {(m.sender, m.hop_count) for m in got} == {("pub", 1)}
+
+
+async def test_guaranteed_messages_wait_on_a_until_b_has_room_across_processes(
+    urls: tuple[str, str], tmp_path: Path
+) -> None:
+    # B's queue L takes 100; A's queue Q holds the rest, and the bridge offers the
+    # refused one again each second while direct messages keep coming.
+    a_url, b_url = urls
+    certs = tmp_path / "certs"
+    tls = TlsSettings(
+        ca=certs / "ca.pem", certificate=certs / "pub.pem", private_key=certs / "pub-key.pem"
+    )
+    on_a = {"tls": tls} if a_url.startswith("tls") else {}
+    async with (
+        connect(a_url, client_name="pub", reconnect=False, **on_a) as shop,  # type: ignore[arg-type]
+        connect(b_url, client_name="reader", reconnect=False) as reader,
+    ):
+        reader.subscribe("a/>")
+        await until_bridged(shop, reader)
+        results = await shop.send_many((f"g/{i}", b"%d" % i) for i in range(1000))
+        assert results == [None] * 1000
+        with anyio.fail_after(WAIT):
+            while True:  # until the 101st was refused at least once
+                link = (await reader.node_statistics())["links"]["default"]["bridge/to-a"]
+                if link["receive_failures"]:
+                    break
+                await anyio.sleep(0.05)
+        await until_bridged(shop, reader)  # direct messages still cross
+        flow = await reader.bind("L")
+        got = []
+        with anyio.fail_after(WAIT * 2):
+            while len(got) < 1000:
+                message = await flow.receive()
+                got.append(message)
+                flow.ack(message)
+    assert [m.payload for m in got] == [b"%d" % i for i in range(1000)]
+    assert not any(m.redelivered for m in got)
+    assert {m.hop_count for m in got} == {1}
