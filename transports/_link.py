@@ -89,12 +89,15 @@ AdvertiseHandler = Callable[["WireLink", ev.Advertise], None]
 class _Answer:
     """An answer this side waits for, to one of its own requests."""
 
-    __slots__ = ("done", "error", "result")
+    __slots__ = ("done", "error", "on_ok", "result")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.result: dict[str, Any] = {}
         self.error: MeshbusError | None = None
+        #: Called with an OK's result as it is read, before the frames after it are
+        #: (a flow's messages may follow its BIND's OK in the same read).
+        self.on_ok: Callable[[dict[str, Any]], None] | None = None
 
 
 class _Pull:
@@ -627,6 +630,8 @@ class WireLink(Link):
             return
         if isinstance(event, ev.Ok):
             answer.result = event.result
+            if answer.on_ok is not None:
+                answer.on_ok(event.result)
         else:
             answer.error = error_from(event.header)
         answer.done.set()
@@ -699,20 +704,23 @@ class WireLink(Link):
     def _bind_answer(self, queue: str, window: int) -> Callable[[], Any]:
         answer = self._request(K.BIND, {"queue": queue, "window": window})
 
-        async def wait() -> None:
-            await answer.done.wait()
-            if answer.error is not None:
-                if self._connection is not None:
-                    self.refusals[queue] = str(answer.error)
-                    log.warning("link %r: binding %s refused: %s", self.name, queue, answer.error)
-                    self._start(self._bind_later, queue, window)
-                return
-            self.refusals.pop(queue, None)
-            number = answer.result.get("flow")
+        def bound(result: dict[str, Any]) -> None:
+            # Now, as the OK is read: the flow's first messages may be next in the read.
+            number = result.get("flow")
             if type(number) is not int:
                 raise ProtocolError("a BIND answer must carry the flow's number")
+            self.refusals.pop(queue, None)
             pull = self._pulled[number] = _Pull(queue, window)
             self._start(self._spool_pulled, number, pull)
+
+        answer.on_ok = bound
+
+        async def wait() -> None:
+            await answer.done.wait()
+            if answer.error is not None and self._connection is not None:
+                self.refusals[queue] = str(answer.error)
+                log.warning("link %r: binding %s refused: %s", self.name, queue, answer.error)
+                self._start(self._bind_later, queue, window)
 
         return wait
 

@@ -126,8 +126,11 @@ async def spool_many(
             hop_count=message.hop_count,
             expires_at=message.expires_at,
         )
-        vpn.dispatch(
-            Envelope(copy, link, endpoints, message.delivery_mode), count_unmatched=not accepted
-        )
+        # Routed as what it was stored as: a message a peer sent as direct was stored
+        # non-persistent, and must not be spooled again as a direct message would be.
+        mode = message.delivery_mode
+        if mode is DeliveryMode.DIRECT:
+            mode = DeliveryMode.NON_PERSISTENT
+        vpn.dispatch(Envelope(copy, link, endpoints, mode), count_unmatched=not accepted)
         taken.append(endpoints)
     return taken, refusal

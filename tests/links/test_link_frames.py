@@ -18,7 +18,7 @@ import anyio.abc
 import attrs
 import pytest
 
-from meshbus import AclProfile, ClientProfile, DeliveryMode, LinkState
+from meshbus import AclProfile, ClientProfile, DeliveryMode, LinkState, Message
 from meshbus.errors import InvalidTopicError, ProtocolError
 from meshbus.transports import (
     Backoff,
@@ -33,6 +33,7 @@ from meshbus.transports import (
     open_link,
 )
 from meshbus.transports import _events as ev
+from meshbus.transports._codec import encode_flow_deliver
 from meshbus.transports.testing import Mesh
 
 from .raw_peer import GONE, LINK, LISTENER, accepted, linked, queue_depth, rig
@@ -677,3 +678,40 @@ async def test_a_peer_binds_only_what_its_user_may_receive() -> None:
         refused = await other.request(K.BIND, {"id": 1, "queue": "q"})
         assert isinstance(refused, ev.ErrorAnswer)
         assert "does not allow guaranteed receive" in refused.header["message"]
+
+
+async def test_a_flow_s_first_message_in_the_same_read_as_its_bind_answer_is_taken() -> None:
+    # A peer may write a flow's first FLOW_DELIVER right behind the OK to the BIND: the
+    # link must know the flow by the time it reads the message (it did only once the
+    # task waiting for the OK had run: a protocol violation, now and then).
+    async with rig() as r:
+        r.node.guaranteed.create_queue("here", subscriptions=["g/>"])
+        network = MemoryNetwork(r.clock)
+
+        async def quick_node(stream: anyio.abc.ByteStream) -> None:
+            protocol = LinkProtocol(Role.SERVER, max_frame_size=1 << 20)
+            protocol.receive_data(await stream.receive())  # the HELLO
+            welcome = {"client_name": "s", "vpn": "default", "link": "bridge", "node_id": "q"}
+            protocol.accept(welcome, compression=None)
+            await stream.send(protocol.data_to_send())
+            with contextlib.suppress(*GONE):
+                while True:
+                    for kind, event, _ in protocol.receive_data(await stream.receive()):
+                        if kind == K.BIND:
+                            message = Message("g/1", b"first", message_id=7)
+                            ok = encode_frame(K.OK, {"id": event.id, "flow": 1})
+                            await stream.send(ok + encode_flow_deliver(1, 7, message))
+                        elif kind == K.ACK:
+                            acked.append(list(event.ids))
+
+        acked: list[list[int]] = []
+        r.tg.start_soon(network.listen("quick").serve, quick_node)
+        settings = ConnectSettings(network.connectable("quick"), clock=r.clock)
+        link = open_link(r.node.vpn(), "to-quick", settings, pulls=["there"])
+        await r.clock.wait_for(lambda: acked == [[7]], within=30)
+        # Spooled once: a message a peer sends as direct over a flow is stored as
+        # non-persistent, not spooled a second time as a direct publish would be.
+        assert queue_depth(r.node, "here") == 1
+        assert link.connects == 1
+        link.stop()
+        await r.clock.settle()
