@@ -12,7 +12,7 @@ from __future__ import annotations
 from ._asyncio_tcp import READ_HIGH_WATER, AsyncioTcpStream
 from ._backoff import Backoff
 from ._client import RemoteSession, connect
-from ._dialing import ConnectSettings, Target
+from ._dialing import ConnectSettings, Remote, Target
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._link import WireLink, open_link
 from ._memory import MemoryListener, MemoryNetwork, MemoryStream
@@ -51,6 +51,7 @@ __all__ = [
     "Role",
     "Server",
     "ServerStatistics",
+    "Remote",
     "Target",
     "TlsSettings",
     "WireLink",

@@ -30,24 +30,51 @@ from ._protocol import LinkProtocol, Role
 from ._settings import MAX_FRAME_SIZE, TlsSettings
 from ._streams import connect_stream, map_exceptions, parse_url
 
-__all__ = ["ConnectSettings", "Dialer", "Target", "target_name"]
+__all__ = ["ConnectSettings", "Dialer", "Remote", "Target", "target_name"]
 
 Target = str | anyio.abc.ByteStreamConnectable
 """Where a node is: ``tcp://host:port``, ``tls://host:port``, or a connectable."""
 
 
-def _targets(value: object) -> tuple[Target, ...]:
-    items = [value] if isinstance(value, str | anyio.abc.ByteStreamConnectable) else value
+def _check_target(item: object) -> None:
+    if isinstance(item, str):
+        parse_url(item)  # raises ConfigurationError naming what is wrong
+    elif not isinstance(item, anyio.abc.ByteStreamConnectable):
+        raise ConfigurationError(f"a target is a URL or a connectable, not {item!r}")
+
+
+@attrs.frozen
+class Remote:
+    """A target with login settings of its own; each ``None`` is the
+    :class:`ConnectSettings`' own (for a bridge whose remotes differ: SPEC 7)."""
+
+    target: Target = attrs.field()
+    """Where the node is: a URL or a connectable."""
+    username: str | None = None
+    """Who to log in as there."""
+    password: str | None = attrs.field(default=None, repr=False)
+    """The password there."""
+    tls: TlsSettings | None = None
+    """What to trust and the certificate to show there."""
+    compression: bool | None = None
+    """Whether to ask that node to compress the connection."""
+
+    @target.validator
+    def _target(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        _check_target(value)
+
+
+def _targets(value: object) -> tuple[Target | Remote, ...]:
+    single = (str, anyio.abc.ByteStreamConnectable, Remote)
+    items = [value] if isinstance(value, single) else value
     if not isinstance(items, Sequence) or isinstance(items, str):
         raise ConfigurationError(f"targets must be URLs or connectables, got {value!r}")
     out = tuple(items)
     if not out:
         raise ConfigurationError("a client needs at least one target to connect to")
     for item in out:
-        if isinstance(item, str):
-            parse_url(item)  # raises ConfigurationError naming what is wrong
-        elif not isinstance(item, anyio.abc.ByteStreamConnectable):
-            raise ConfigurationError(f"a target is a URL or a connectable, not {item!r}")
+        if not isinstance(item, Remote):
+            _check_target(item)
     return out
 
 
@@ -61,8 +88,10 @@ def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: obje
         raise ConfigurationError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
-def target_name(target: Target) -> str:
+def target_name(target: Target | Remote) -> str:
     """How a target is named in logs and errors."""
+    if isinstance(target, Remote):
+        target = target.target
     return target if isinstance(target, str) else repr(target)
 
 
@@ -70,9 +99,9 @@ def target_name(target: Target) -> str:
 class ConnectSettings:
     """How a client reaches and logs in to a node (see :func:`meshbus.transports.connect`)."""
 
-    targets: tuple[Target, ...] = attrs.field(converter=_targets)
+    targets: tuple[Target | Remote, ...] = attrs.field(converter=_targets)
     """Where the node is, tried in this order: URLs (``tcp://``, ``tls://``) or anyio
-    connectables."""
+    connectables, each alone or in a :class:`Remote` with login settings of its own."""
     vpn: str = "default"
     """The Message VPN to log in to."""
     username: str | None = None
@@ -114,6 +143,21 @@ class ConnectSettings:
     clock: Clock | None = attrs.field(default=None, eq=False)
     """Where keepalive, timeouts and reconnect delays take their time from (default:
     the system clock; a node's clock for links and tests)."""
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether these settings ask for TLS anywhere (a ``tls`` setting or a ``tls://``
+        URL, their own or a :class:`Remote`'s)."""
+        if self.tls is not None:
+            return True
+        for target in self.targets:
+            if isinstance(target, Remote):
+                if target.tls is not None:
+                    return True
+                target = target.target
+            if isinstance(target, str) and target.startswith("tls:"):
+                return True
+        return False
 
     def hello(self, client_name: str | None) -> dict[str, Any]:
         """The HELLO header of a login with these settings."""
@@ -174,11 +218,24 @@ class Dialer:
         raise failure
 
     async def _login_once(
-        self, target: Target, hello: dict[str, Any]
+        self, remote: Target | Remote, hello: dict[str, Any]
     ) -> tuple[Connection, ev.Welcome]:
         settings = self.settings
-        name = target_name(target)
-        stream = await self._connect(target)
+        name = target_name(remote)
+        target, tls, username = remote, settings.tls, settings.username
+        if isinstance(remote, Remote):  # its own settings replace the common ones
+            target, hello = remote.target, dict(hello)
+            if remote.username is not None:
+                hello["username"] = username = remote.username
+            if remote.password is not None:
+                hello["password"] = remote.password
+            if remote.compression is not None:
+                hello.pop("compression", None)
+                if remote.compression:
+                    hello["compression"] = list(ALGORITHMS)
+            if remote.tls is not None:
+                tls = remote.tls
+        stream = await self._connect(target, tls)
         protocol = LinkProtocol(Role.CLIENT, max_frame_size=settings.max_frame_size)
         connection = Connection(stream, protocol, name, self.clock)
         try:
@@ -188,14 +245,13 @@ class Dialer:
                 with self.clock.fail_after(settings.connect_timeout):
                     welcome = await connection.receive_handshake()
             except AuthenticationError as exc:  # name the user as the node did
-                username = exc.username or settings.username or "default"
+                username = exc.username or username or "default"
                 raise AuthenticationError(username, exc.why) from None
         except TimeoutError:
             await connection.aclose()
             raise TransportError(f"connecting to {name}: no answer to the login") from None
         except TransportError as exc:
             await connection.aclose()
-            tls = settings.tls
             if name.startswith("tls:") and (tls is None or tls.certificate is None):
                 # With TLS 1.3 a node checks client certificates after the client's side
                 # of the handshake is done; its refusal arrives as a closed connection.
@@ -209,10 +265,10 @@ class Dialer:
         assert isinstance(welcome, ev.Welcome)
         return connection, welcome
 
-    async def _connect(self, target: Target) -> anyio.abc.ByteStream:
+    async def _connect(self, target: Target, tls: TlsSettings | None) -> anyio.abc.ByteStream:
         settings = self.settings
         if isinstance(target, str):
-            return await connect_stream(target, tls=settings.tls, timeout=settings.connect_timeout)
+            return await connect_stream(target, tls=tls, timeout=settings.connect_timeout)
         name = target_name(target)
         try:
             with (

@@ -41,9 +41,7 @@ async def dial(link: WireLink) -> None:
     node = link.vpn.node
     dialer = Dialer(settings, clock=node.clock)
     hello = settings.hello(None)
-    tls = settings.tls is not None or any(
-        isinstance(target, str) and target.startswith("tls:") for target in settings.targets
-    )
+    tls = settings.uses_tls
     login = ev.LinkLogin(link.kind, link.name, node.node_id, node.cluster, link.vpn.name, tls)
     hello["link"] = login.encode()
     link._scope = anyio.CancelScope()

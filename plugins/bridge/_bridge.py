@@ -82,8 +82,10 @@ class BridgeSettings:
     """The VPN at the other end."""
     remotes: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
     """Where the remote node is, tried in connect order: URLs (``tcp://host:port``,
-    ``tls://...``) or connectables (a :class:`~meshbus.transports.MemoryNetwork`'s);
-    none: ``remote_vpn`` is a VPN of this node, joined in-process."""
+    ``tls://...``) or connectables (a :class:`~meshbus.transports.MemoryNetwork`'s),
+    each alone or in a :class:`~meshbus.transports.Remote` with a username, password,
+    TLS settings and compression of its own; none: ``remote_vpn`` is a VPN of this
+    node, joined in-process."""
     username: str | None = None
     """Who the bridge logs in as (its client profile must allow bridge connections)."""
     password: str | None = attrs.field(default=None, repr=False)
@@ -218,10 +220,8 @@ class Bridge:
     @property
     def uses_tls(self) -> bool:
         """Whether the bridge's settings ask for TLS (a ``tls`` setting or ``tls://``)."""
-        return self.settings.tls is not None or any(
-            isinstance(remote, str) and remote.startswith("tls:")
-            for remote in self.settings.remotes
-        )
+        link = self.link
+        return isinstance(link, WireLink) and link.settings is not None and link.settings.uses_tls
 
     def partner(self, link: Link) -> bool:
         """Whether ``link``, accepted from a peer node, is the other bridge of this one's

@@ -2,7 +2,9 @@
 
     [[vpns.NAME.bridges]]
     name = "to-cloud"
-    remotes = ["tcp://cloud-1:55555", "tcp://cloud-2:55555"]   # none: a VPN of this node
+    remotes = ["tcp://cloud-1:55555", { url = "tls://cloud-2:55443", username = "plant-7b" }]
+    # ... none: a VPN of this node; a table: a remote with its own username, password,
+    # tls and compression
     remote_vpn = "default"
     username = "plant-7"
     password = "${ENV:BRIDGE_PASSWORD}"
@@ -30,7 +32,7 @@ from typing import Any
 import attrs
 
 from meshbus import ConfigContext, ConfigReader, ConfigSection, ConfigurationError, Vpn
-from meshbus.transports import Backoff, TlsSettings
+from meshbus.transports import Backoff, Remote, TlsSettings
 
 from ._bridge import BRIDGE, BridgeSettings, open_bridge
 from ._mapping import TopicMapping, directions
@@ -65,6 +67,50 @@ def _read_tls(reader: ConfigReader, raw: object, where: str) -> TlsSettings | No
             reader.report(where, str(exc))
             return None
     return settings if usable else None
+
+
+def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, ...] | None:
+    """``remotes``: URLs, or tables of a ``url`` with its own ``username``, ``password``,
+    ``tls`` and ``compression``."""
+    if not isinstance(raw, list):
+        reader.report(where, "expected an array of URLs or tables with a url")
+        return None
+    remotes: list[Any] = []
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            url = reader.value(item, str, at)
+            if url is not None:
+                try:
+                    Remote(url)  # checks the URL
+                except ConfigurationError as exc:
+                    reader.report(at, str(exc))
+                    url = None
+            remotes.append(url)
+            continue
+        if not reader.keys(item, at, ("url", "username", "password", "tls", "compression")):
+            remotes.append(None)
+            continue
+        url = item.get("url")
+        if not isinstance(url, str):
+            reader.report(reader.join(at, "url"), "every remote table needs a url (a string)")
+            remotes.append(None)
+            continue
+        values: dict[str, Any] = {}
+        for key, hint in (("username", str), ("password", str), ("compression", bool)):
+            if key in item:
+                values[key] = reader.value(item[key], hint, reader.join(at, key))
+        if "tls" in item:
+            values["tls"] = _read_tls(reader, item["tls"], reader.join(at, "tls"))
+        if None in values.values():
+            remotes.append(None)
+            continue
+        try:
+            remotes.append(Remote(url, **values))
+        except ConfigurationError as exc:
+            reader.report(reader.join(at, "url"), str(exc))
+            remotes.append(None)
+    return None if None in remotes else tuple(remotes)
 
 
 def _read_backoff(reader: ConfigReader, raw: object, where: str) -> Backoff | None:
@@ -116,8 +162,9 @@ def _read_bridge(
     if not reader.keys(table, where, allowed):
         table = {k: v for k, v in table.items() if k in allowed}
     extra: dict[str, Any] = {}
-    remotes = table.get("remotes", [])
-    extra["remotes"] = reader.value(remotes, tuple[str, ...], reader.join(where, "remotes"))
+    extra["remotes"] = _read_remotes(
+        reader, table.get("remotes", []), reader.join(where, "remotes")
+    )
     variables = table.get("variables", {})
     variables_at = reader.join(where, "variables")
     found = reader.table(variables, variables_at)

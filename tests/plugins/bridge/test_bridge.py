@@ -5,12 +5,12 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from meshbus import ConfigurationError, LinkState, Message, Node
+from meshbus import ClientProfile, ConfigurationError, LinkState, Message, Node
 from meshbus.abc import Flow
 from meshbus.plugins import hopcount
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, bridges, open_bridge, totals
 from meshbus.plugins.hopcount import HopCountSettings
-from meshbus.transports import TlsSettings, connect
+from meshbus.transports import Remote, TlsSettings, connect
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
@@ -580,3 +580,40 @@ async def test_a_bridge_riding_its_partner_s_connection_drains_a_queue_across_it
     await mesh.clock.wait_for(lambda: b.guaranteed.queue("L").usage()[0] == 1, within=30)
     assert a.guaranteed.queue("Q").usage()[0] == 0
     assert mesh.network.connections("a", "b") == 1
+
+
+async def test_each_remote_logs_in_with_its_own_credentials(mesh: Mesh) -> None:
+    local, first, second = [await mesh.start(n) for n in ("local", "first", "second")]
+    for node, user in ((first, "bridge-1"), (second, "bridge-2")):
+        # Only that user may open links there (its client profile allows bridges).
+        vpn = node.create_vpn("secure")
+        vpn.add_client_profile(ClientProfile("bridges", allow_bridge_connections=True))
+        vpn.add_user(user, client_profile="bridges")
+    mesh.network.partition("local", "first")
+    remotes = [
+        Remote(mesh.network.connectable(n, source="local"), username=u)
+        for n, u in (("first", "bridge-1"), ("second", "bridge-2"))
+    ]
+    bridge = open_bridge(
+        local.vpn(),
+        BridgeSettings("replicas", remote_vpn="secure", remotes=remotes, username="nobody"),
+    )
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    assert bridge.link.peer_node == "second"  # logged in there as bridge-2
+    mesh.network.heal("local", "first")
+    await mesh.clock.wait_for(
+        lambda: bridge.link.peer_node == "first" and bridge.state is LinkState.IN_SYNC,
+        within=60,
+    )
+    # As "nobody" (the bridge's own username) either node refuses the link.
+    plain = open_bridge(
+        local.vpn(),
+        BridgeSettings(
+            "as-nobody",
+            remote_vpn="secure",
+            remotes=[mesh.network.connectable("first", source="local")],
+            username="nobody",
+        ),
+    )
+    await mesh.clock.wait_for(lambda: plain.statistics().connect_failures >= 1, within=10)
+    assert plain.state is LinkState.BACKOFF

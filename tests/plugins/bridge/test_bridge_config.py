@@ -8,6 +8,7 @@ import pytest
 
 from meshbus import ConfigurationError, LinkState
 from meshbus.app._config import load_config
+from meshbus.transports import Remote, TlsSettings
 
 pytestmark = pytest.mark.anyio
 
@@ -126,3 +127,50 @@ def test_outside_a_destination_a_placeholder_must_name_the_environment(tmp_path:
         load(tmp_path, GOOD.replace('remote_vpn = "office"', 'remote_vpn = "${site}"'))
     (problem,) = caught.value.problems
     assert "bridges[0].remote_vpn: unknown placeholder '${site}'" in problem
+
+
+SECOND = (
+    '{ url = "tls://cloud-2:55443", username = "plant-7b", password = "pw", '
+    "compression = true, tls = { check_hostname = false } }"
+)
+REMOTES = f"""
+[vpns.default]
+
+[[vpns.default.bridges]]
+name = "mixed"
+remotes = ["tcp://cloud-1:55555", {SECOND}]
+"""
+
+
+def test_a_remote_may_have_login_settings_of_its_own(tmp_path: Path) -> None:
+    config = load(tmp_path, REMOTES)
+    (vpn,) = config.vpns
+    (bridge,) = vpn.section("bridges")
+    first, second = bridge.remotes
+    assert first == "tcp://cloud-1:55555"
+    assert second == Remote(
+        "tls://cloud-2:55443",
+        username="plant-7b",
+        password="pw",
+        compression=True,
+        tls=TlsSettings(check_hostname=False),
+    )
+
+
+def test_every_mistake_of_a_remote_is_listed(tmp_path: Path) -> None:
+    text = REMOTES.replace(
+        'remotes = ["tcp://cloud-1:55555", { url',
+        'remotes = [5, { username = "x" }, { url = "tcp://h:1", colour = 1 }, "nope://x", { url',
+    ).replace("compression = true", 'compression = "yes"')
+    with pytest.raises(ConfigurationError) as caught:
+        load(tmp_path, text)
+    problems = [p.split(": ", 1)[1] for p in caught.value.problems]
+    at = "vpns.default.bridges[0].remotes"
+    assert problems[:3] == [
+        f"{at}[0]: expected a string, got integer 5",
+        f"{at}[1].url: every remote table needs a url (a string)",
+        f"{at}[2].colour: unknown key (expected one of: url, username, password, tls, compression)",
+    ]
+    assert problems[3].startswith(f"{at}[3]: ")
+    assert "nope" in problems[3]
+    assert problems[-1] == f"{at}[4].compression: expected a boolean, got string 'yes'"
