@@ -35,6 +35,17 @@ PASSWORD = "boiler-room-secret"
 TRANSPORTS = ("tcp", "tls", "tls+compression")
 
 
+# A test run started in the background by a non-interactive shell ignores SIGINT, and
+# so would every process it starts: a CLI that ignores SIGINT never ends on the
+# Ctrl-C these tests send. Only then (preexec_fn is best avoided with threads about),
+# each child starts with SIGINT back to its default.
+_SIGINT_IGNORED = sys.platform != "win32" and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Process:
     """``python -m meshbus ARGS``, running; both outputs are collected line by line."""
 
@@ -51,6 +62,7 @@ class Process:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_interruptible if _SIGINT_IGNORED else None,
         )
         self.output: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._ended: set[str] = set()
