@@ -147,7 +147,8 @@ class Bridge:
         #: Its link: a WireLink to the remote node, or this end of a LocalLink pair.
         self.link: Link
         self._far: LocalLink | None = None
-        self._pulls = anyio.CancelScope()  # a same-node bridge's flows from the other VPN
+        self._pulls: list[anyio.CancelScope] = []  # a same-node bridge's flows, one each
+        self._stopped = False
         #: The connection of the other bridge of a pair that this one rides on (its own
         #: link is ``reusing`` meanwhile), if any.
         self.carrier: WireLink | None = None
@@ -284,12 +285,18 @@ class Bridge:
         """Same-node bridges: move ``queue``'s messages from the other VPN, until stopped."""
         assert isinstance(self.link, LocalLink)
         assert self._far is not None
-        with self._pulls:
+        if self._stopped:
+            return
+        scope = anyio.CancelScope()
+        self._pulls.append(scope)
+        with scope:
             await pull_local(self.link, self._far, queue, self.settings.window)
 
     def stop(self, reason: str = "stopped") -> None:
         """Close the bridge for good."""
-        self._pulls.cancel()
+        self._stopped = True
+        for scope in self._pulls:
+            scope.cancel()
         link = self.link
         if isinstance(link, (WireLink, LocalLink)):
             link.stop(reason)

@@ -617,3 +617,22 @@ async def test_each_remote_logs_in_with_its_own_credentials(mesh: Mesh) -> None:
     )
     await mesh.clock.wait_for(lambda: plain.statistics().connect_failures >= 1, within=10)
     assert plain.state is LinkState.BACKOFF
+
+
+async def test_a_same_node_bridge_drains_several_queues_and_stops(mesh: Mesh) -> None:
+    node = await mesh.start("solo")
+    node.create_vpn("office")
+    for queue in ("Q1", "Q2"):
+        node.guaranteed.create_queue(queue, vpn="office", subscriptions=[f"{queue}/>"])
+    node.guaranteed.create_queue("L", subscriptions=[">"])
+    bridge = open_bridge(node.vpn(), BridgeSettings("x", remote_vpn="office", queues=["Q1", "Q2"]))
+    sender = node.connect("office")
+    await sender.send("Q1/a", b"one")
+    await sender.send("Q2/b", b"two")
+    await mesh.clock.settle()
+    assert node.guaranteed.queue("L").usage()[0] == 2
+    bridge.stop()
+    await mesh.clock.settle()
+    await sender.send("Q1/c", b"stays")
+    await mesh.clock.settle()
+    assert node.guaranteed.queue("Q1", vpn="office").usage()[0] == 1  # no flow takes it now
