@@ -21,15 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import _peers
+import transport
 from _clusters import Setup
-from _peers import READY_TIMEOUT, Child, PeerError
+from _peers import PeerError
 from transport import (
     RoundTrips,
     Throughput,
     _version,
     failure,
-    publish_timeout,
-    rtt_timeout,
     say,
 )
 
@@ -70,34 +69,16 @@ class Contender:
 
 def measure_throughput(work: Path, family: str, setup: Setup, messages: int) -> Throughput:
     """One run: ``{family}-sub`` on the far broker ready, then ``{family}-pub`` on the near."""
-    count = ["--messages", str(messages)]
-    with Child.role(f"{family}-sub", work, "--url", setup.far, *count) as sub:
-        sub.expect("READY", READY_TIMEOUT)
-        setup.ready("sub")
-        with Child.role(f"{family}-pub", work, "--url", setup.near, *count) as pub:
-            published = pub.result(publish_timeout(messages))
-        sub.tell("published")
-        got = sub.result(publish_timeout(messages))
-    if got["received"] == 0:
-        raise PeerError(f"{family}: the subscriber received nothing")
-    return Throughput(
-        received=got["received"],
-        expected=messages,
-        window=got["last"] - got["first"],
-        total=got["last"] - published["start"],
+    return transport.measure_throughput(
+        work, family, setup.near, messages, [], far=setup.far, ready=setup.ready
     )
 
 
 def measure_rtt(work: Path, family: str, setup: Setup, requests: int) -> RoundTrips:
     """One run: ``{family}-responder`` on the far broker, ``{family}-requester`` on the near."""
-    with Child.role(f"{family}-responder", work, "--url", setup.far) as responder:
-        responder.expect("READY", READY_TIMEOUT)
-        setup.ready("responder")
-        args = ["--requests", str(requests), "--warmup", str(max(1, requests // 10))]
-        with Child.role(f"{family}-requester", work, "--url", setup.near, *args) as requester:
-            requester.expect("READY", READY_TIMEOUT)
-            got = requester.result(rtt_timeout(requests))
-    return RoundTrips(got["rtt_us"])
+    return transport.measure_rtt(
+        work, family, setup.near, requests, [], far=setup.far, ready=setup.ready
+    )
 
 
 @dataclass

@@ -129,13 +129,26 @@ class RoundTrips:
 
 
 def measure_throughput(
-    work: Path, family: str, url: str, messages: int, extra: list[str]
+    work: Path,
+    family: str,
+    url: str,
+    messages: int,
+    extra: list[str],
+    *,
+    far: str | None = None,
+    ready: Callable[[str], None] | None = None,
 ) -> Throughput:
-    """One run: ``{family}-sub`` ready, then ``{family}-pub``; both killed on the way out."""
-    args = ["--url", url, "--messages", str(messages), *extra]
-    with Child.role(f"{family}-sub", work, *args) as sub:
+    """One run: ``{family}-sub`` ready, then ``{family}-pub``; both killed on the way out.
+
+    :param far: where the subscriber connects, if not to ``url`` (a joined pair's second
+        broker); ``ready("sub")`` is called once it said READY.
+    """
+    args = ["--messages", str(messages), *extra]
+    with Child.role(f"{family}-sub", work, "--url", far or url, *args) as sub:
         sub.expect("READY", READY_TIMEOUT)
-        with Child.role(f"{family}-pub", work, *args) as pub:
+        if ready is not None:
+            ready("sub")
+        with Child.role(f"{family}-pub", work, "--url", url, *args) as pub:
             published = pub.result(publish_timeout(messages))
         sub.tell("published")
         got = sub.result(publish_timeout(messages))
@@ -157,9 +170,22 @@ def best_throughput(
     return max(runs, key=lambda t: (t.received, t.rate))
 
 
-def measure_rtt(work: Path, family: str, url: str, requests: int, extra: list[str]) -> RoundTrips:
-    with Child.role(f"{family}-responder", work, "--url", url, *extra) as responder:
+def measure_rtt(
+    work: Path,
+    family: str,
+    url: str,
+    requests: int,
+    extra: list[str],
+    *,
+    far: str | None = None,
+    ready: Callable[[str], None] | None = None,
+) -> RoundTrips:
+    """One run: ``{family}-responder`` (on ``far`` if given; ``ready("responder")`` once it
+    said READY), then ``{family}-requester`` on ``url``."""
+    with Child.role(f"{family}-responder", work, "--url", far or url, *extra) as responder:
         responder.expect("READY", READY_TIMEOUT)
+        if ready is not None:
+            ready("responder")
         args = ["--url", url, "--requests", str(requests), "--warmup", str(max(1, requests // 10))]
         with Child.role(f"{family}-requester", work, *args, *extra) as requester:
             requester.expect("READY", READY_TIMEOUT)
