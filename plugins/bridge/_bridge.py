@@ -29,7 +29,6 @@ import attrs
 from meshbus import (
     ConfigurationError,
     Envelope,
-    LatencyHistogram,
     Link,
     LinkPipeline,
     LinkState,
@@ -324,10 +323,9 @@ class Bridge:
                 forward_failures=own.forward_failures + other.forward_failures,
                 dropped=dropped,
             )
-        latency = LatencyHistogram()
-        for histogram in (own.forward_latency, other.forward_latency):
-            for i, label in enumerate(LatencyHistogram.LABELS):
-                latency.counts[i] += histogram.get(label, 0)
+        latency = dict(own.forward_latency)
+        for bucket, n in other.forward_latency.items():
+            latency[bucket] = latency.get(bucket, 0) + n
         return attrs.evolve(
             own,
             forwarded=own.forwarded + other.forwarded,
@@ -335,7 +333,7 @@ class Bridge:
             received=own.received + other.received,
             receive_failures=own.receive_failures + other.receive_failures,
             dropped=dropped,
-            forward_latency=latency.snapshot() if latency.total else {},
+            forward_latency=latency,
         )
 
     def __repr__(self) -> str:
