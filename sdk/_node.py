@@ -322,8 +322,11 @@ class Node:
                 self.plugins.vpn_removed(vpn)
             # Plugins clean up while their tasks still run, then the tasks are cancelled.
             await self._lifespans.aclose()
-            self.task_group.cancel_scope.cancel()
         finally:
+            # Cancelled whatever failed above: a plugin's error must not leave the
+            # node's tasks running, with this exit waiting for them for ever.
+            if self._task_group is not None:
+                self._task_group.cancel_scope.cancel()
             self._task_group = None
             try:
                 # Not the body's exception: the task group would wrap it in an ExceptionGroup.

@@ -452,6 +452,24 @@ async def test_lifespan_task_runs_in_the_node_task_group_and_is_cancelled_on_exi
     assert events[-2:] == ["lifespan exit", "cancelled"]
 
 
+async def test_a_plugin_failing_while_the_node_stops_does_not_leave_its_tasks_running() -> None:
+    """The node's tasks are cancelled even when stopping fails before the lifespans exit
+    (here a subscription hook raising as the node closes its sessions)."""
+
+    class Broken:
+        @hookimpl
+        def meshbus_subscription_removed(self, session: Session, subscription: object) -> None:
+            raise RuntimeError("broken on the way out")
+
+    async def forever() -> None:
+        await anyio.sleep_forever()
+
+    with anyio.fail_after(10), pytest.raises(RuntimeError, match="broken on the way out"):
+        async with Node(plugins=["direct", Broken()]) as node:
+            node.task_group.start_soon(forever)
+            node.connect().subscribe("a")
+
+
 async def test_configure_at_creation_and_unconfigure_after_stop_last_registered_first() -> None:
     log: list[tuple[str, str]] = []
     node = Node(
