@@ -271,6 +271,15 @@ class Link(ABC):
         self.dedup = dedup
         self.endpoint = endpoint
         self.acl = acl
+        #: Keep the peer's interest when the connection goes down (until the peer tells
+        #: it again), so that what it would have been sent is counted as not sent
+        #: instead of matching nothing. Routing plugins whose peers re-advertise
+        #: everything when they return set it.
+        self.keeps_interest = False
+        #: Local endpoints that guaranteed messages coming in over this link are never
+        #: spooled to, besides its own ``endpoint`` (a routing plugin keeping a message
+        #: from travelling on); ``None``: only its own.
+        self.keeps_out: Callable[[str], bool] | None = None
         #: Whose limits the peer's interest is held to (``max_subscriptions``,
         #: ``max_wildcard_levels``): the profile of the user the peer logged in as.
         self.profile = profile
@@ -371,11 +380,12 @@ class Link(ABC):
 
     def closed(self, reason: str, state: LinkState = LinkState.BACKOFF) -> None:
         """The link's connection went down: forget the peer's interest (it tells it again
-        when it comes back) and tell the plugins
+        when it comes back; unless :attr:`keeps_interest`) and tell the plugins
         (:func:`~meshbus.hookspecs.meshbus_link_closed`)."""
         self._check_attached()
         self.disconnects += 1
-        self.clear_interest()
+        if not self.keeps_interest:
+            self.clear_interest()
         self.set_state(state, reason)
         self.vpn.node.plugins.link_closed(self, reason)
 
@@ -441,6 +451,15 @@ class Link(ABC):
             self.remove_interest(topic_filter)
 
     # --- messages -----------------------------------------------------------------------
+
+    def spools_to(self, endpoint: str) -> bool:
+        """Whether a guaranteed message that came in over this link may be spooled to the
+        local ``endpoint``: not to the link's own endpoint (never back where it came
+        from), nor to one :attr:`keeps_out` names."""
+        if endpoint == self.endpoint:
+            return False
+        keeps_out = self.keeps_out
+        return keeps_out is None or not keeps_out(endpoint)
 
     def count_drop(self, reason: str) -> None:
         """Count a message dropped for ``reason`` (stages' drops are counted for them)."""

@@ -188,6 +188,21 @@ async def test_a_link_that_cannot_send_counts_a_forward_failure(node: Node) -> N
     assert (stats.forwarded, stats.forward_failures) == (0, 1)
 
 
+async def test_a_link_that_keeps_interest_still_counts_what_it_could_not_send(
+    node: Node,
+) -> None:
+    forgets = attached(node.vpn(), "forgets", "t")
+    keeps = attached(node.vpn(), "keeps", "t")
+    keeps.keeps_interest = True
+    for link in (forgets, keeps):
+        link.opened("peer")
+        link.up = False
+        link.closed("cut")
+    assert (forgets.interest, keeps.interest) == ((), ("t",))
+    node.connect().publish("t", b"x")
+    assert (forgets.forward_failures, keeps.forward_failures) == (0, 1)
+
+
 async def test_link_names_are_unique_per_vpn_and_the_link_belongs_to_it(node: Node) -> None:
     attached(node.vpn(), "a")
     with pytest.raises(ConfigurationError, match="already has a link"):
@@ -362,6 +377,18 @@ async def test_the_links_queue_does_not_take_back_what_came_in_over_the_link(
     assert await link.receive_guaranteed(guaranteed("g/1"))
     assert feeder.usage()[0] == 0
     assert local.usage()[0] == 1
+
+
+async def test_a_link_keeps_out_the_endpoints_it_is_told_to(spooling: Node) -> None:
+    service: Any = spooling.guaranteed
+    onward = service.create_queue("onward", subscriptions=["g/>"])
+    local = service.create_queue("local", subscriptions=["g/>"])
+    link = attached(spooling.vpn(), "a")
+    link.keeps_out = {onward.endpoint}.__contains__
+    assert link.spools_to(local.endpoint)
+    assert not link.spools_to(onward.endpoint)
+    assert await link.receive_guaranteed(guaranteed("g/1"))
+    assert (onward.usage()[0], local.usage()[0]) == (0, 1)
 
 
 async def test_a_guaranteed_publish_does_not_also_go_direct_over_the_link_its_queue_feeds(
