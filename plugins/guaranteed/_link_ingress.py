@@ -58,8 +58,8 @@ async def spool_many(
                 break
             accepted: list[Queue] = []
             for queue in index.match(message.topic) if index is not None else ():
-                if queue.endpoint == link.endpoint:
-                    continue  # the queue that feeds this link: never back where it came from
+                if not link.spools_to(queue.endpoint):
+                    continue  # the queue that feeds this link, or one it keeps out
                 refusal = queue.refusal(size, whole)
                 if refusal is not None:
                     break
