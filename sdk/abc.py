@@ -100,6 +100,14 @@ class GuaranteedMessaging(ABC):
         """Provision a queue in ``vpn`` (idempotent for identical settings); return it."""
 
     @abstractmethod
+    def add_subscription(self, name: str, subscription: str, *, vpn: str = "default") -> None:
+        """Add a subscription to a queue while it runs (a no-op if it has it already)."""
+
+    @abstractmethod
+    def remove_subscription(self, name: str, subscription: str, *, vpn: str = "default") -> None:
+        """Remove a subscription from a queue while it runs (a no-op if it has none such)."""
+
+    @abstractmethod
     async def send(
         self, session: Session, topic: str, payload: bytes, options: Mapping[str, Any]
     ) -> None:

@@ -473,6 +473,8 @@ class GuaranteedService(GuaranteedMessaging):
             size = len(message.payload)
             whole = message.size
             for queue in index.match(message.topic):
+                if not queue.settings.accept_direct:
+                    continue
                 if queue.refusal(size, whole) is None:
                     queue.reserve(size)
                     accepted.append(queue)

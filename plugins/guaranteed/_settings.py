@@ -116,3 +116,7 @@ class QueueSettings:
     """Whether flows may bind and receive."""
     reject_msg_to_sender_on_discard: bool = attrs.field(default=True, validator=_flag)
     """Whether a topic publish this queue cannot take is rejected to the publisher."""
+    accept_direct: bool = attrs.field(default=True, validator=_flag)
+    """Whether direct messages matching its subscriptions are spooled (as
+    non-persistent, SPEC 4). A queue that holds guaranteed messages for a link to
+    another node turns it off: direct messages cross links as direct messages."""

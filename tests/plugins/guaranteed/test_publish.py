@@ -515,6 +515,20 @@ async def test_direct_publish_matching_a_queue_is_spooled_non_persistent(
         assert held(node, "other") == (1, 2)
 
 
+async def test_a_queue_that_does_not_accept_direct_messages_takes_only_guaranteed_ones(
+    data_dir: Path | None,
+) -> None:
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
+        svc = service(node)
+        svc.create_queue("link", subscriptions=["orders/>"], accept_direct=False)
+        both = svc.create_queue("both", subscriptions=["orders/>"])
+        pub = node.connect(client_name="pub")
+        pub.publish("orders/1", b"direct")
+        await pub.send("orders/2", b"guaranteed")
+        await spooled(both, 2)
+        assert held(node, "link") == (1, len(b"guaranteed"))
+
+
 async def test_a_spooled_direct_message_always_carries_a_timestamp(
     data_dir: Path | None,
 ) -> None:
