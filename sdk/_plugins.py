@@ -250,8 +250,23 @@ class PluginManager:
     def endpoint_interest(self, vpn: Vpn, endpoint: str, filters: tuple[str, ...]) -> None:
         self._pm.hook.meshbus_endpoint_interest(vpn=vpn, endpoint=endpoint, filters=filters)
 
-    def accept_link(self, vpn: Vpn, user: ClientUsername, kind: str, peer_node: str) -> None:
-        self._pm.hook.meshbus_accept_link(vpn=vpn, user=user, kind=kind, peer_node=peer_node)
+    def accept_link(
+        self,
+        vpn: Vpn,
+        user: ClientUsername,
+        kind: str,
+        peer_node: str,
+        peer_cluster: str | None = None,
+        name: str = "",
+    ) -> None:
+        self._pm.hook.meshbus_accept_link(
+            vpn=vpn,
+            user=user,
+            kind=kind,
+            peer_node=peer_node,
+            peer_cluster=peer_cluster,
+            name=name,
+        )
 
     def link_pipeline(self, link: Link, pipeline: LinkPipeline) -> None:
         self._pm.hook.meshbus_link_pipeline(link=link, pipeline=pipeline)

@@ -347,8 +347,17 @@ class Vpn:
         self.node.plugins.session_opened(session)
         return session
 
-    def accept_link(self, user: ClientUsername, kind: str, peer_node: str) -> None:
-        """Decide whether a peer authenticated as ``user`` may open a link of ``kind``.
+    def accept_link(
+        self,
+        user: ClientUsername,
+        kind: str,
+        peer_node: str,
+        peer_cluster: str | None = None,
+        name: str = "",
+    ) -> None:
+        """Decide whether a peer authenticated as ``user`` may open a link of ``kind``
+        (the peer is node ``peer_node`` of cluster ``peer_cluster`` and calls the link
+        ``name``).
 
         The user's client profile must allow bridge connections and its ACL profile
         must allow it to connect; then plugins may refuse it
@@ -369,7 +378,7 @@ class Vpn:
                 )
             if acl.connect_default is AclAction.DENY:
                 raise AccessDeniedError(user.name, "connect", why=f"ACL profile {acl.name!r}")
-            self.node.plugins.accept_link(self, user, kind, peer_node)
+            self.node.plugins.accept_link(self, user, kind, peer_node, peer_cluster, name)
         except AccessDeniedError:
             self.login_failures += 1
             raise

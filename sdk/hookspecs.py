@@ -286,7 +286,14 @@ def meshbus_endpoint_interest(vpn: Vpn, endpoint: str, filters: tuple[str, ...])
 
 
 @hookspec
-def meshbus_accept_link(vpn: Vpn, user: ClientUsername, kind: str, peer_node: str) -> None:
+def meshbus_accept_link(
+    vpn: Vpn,
+    user: ClientUsername,
+    kind: str,
+    peer_node: str,
+    peer_cluster: str | None,
+    name: str,
+) -> None:
     """Called when a peer asks to open a link into ``vpn``; raise to refuse it.
 
     The core has already authenticated the peer as ``user`` and checked that its
@@ -298,6 +305,8 @@ def meshbus_accept_link(vpn: Vpn, user: ClientUsername, kind: str, peer_node: st
     :param user: the client username the peer logged in as.
     :param kind: the kind of link the peer asks for (``"bridge"``, ...).
     :param peer_node: the node id the peer gave.
+    :param peer_cluster: the cluster the peer says it is in (``None``: none).
+    :param name: the peer's name for the link.
     """
 
 

@@ -313,7 +313,7 @@ class Server:
         try:
             try:
                 user = vpn.users.get(session.username) or vpn.users["default"]
-                vpn.accept_link(user, login.kind, login.node)
+                vpn.accept_link(user, login.kind, login.node, login.cluster, login.name)
                 old = vpn.links.get(name)
                 if old is not None:
                     if not (isinstance(old, WireLink) and old.settings is None):

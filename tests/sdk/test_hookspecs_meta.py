@@ -193,9 +193,23 @@ class Recorder:
     # links
     @hookimpl
     def meshbus_accept_link(
-        self, vpn: Vpn, user: ClientUsername, kind: str, peer_node: str
+        self,
+        vpn: Vpn,
+        user: ClientUsername,
+        kind: str,
+        peer_node: str,
+        peer_cluster: str | None,
+        name: str,
     ) -> None:
-        self._record("meshbus_accept_link", vpn=vpn, user=user, kind=kind, peer_node=peer_node)
+        self._record(
+            "meshbus_accept_link",
+            vpn=vpn,
+            user=user,
+            kind=kind,
+            peer_node=peer_node,
+            peer_cluster=peer_cluster,
+            name=name,
+        )
         if peer_node == "intruder":
             raise AccessDeniedError(user.name, "connect", why="not in this cluster")
 
@@ -347,11 +361,18 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
         # Links: a peer asking for one is accepted (the profile allows bridges) or refused.
         tenant.add_client_profile(ClientProfile("bridges", allow_bridge_connections=True))
         peer = tenant.add_user("peer", client_profile="bridges")
-        tenant.accept_link(peer, "bridge", "node-b")
+        tenant.accept_link(peer, "bridge", "node-b", "eu", "to-tenant")
         assert rec.take() == [
             (
                 "meshbus_accept_link",
-                {"vpn": tenant, "user": peer, "kind": "bridge", "peer_node": "node-b"},
+                {
+                    "vpn": tenant,
+                    "user": peer,
+                    "kind": "bridge",
+                    "peer_node": "node-b",
+                    "peer_cluster": "eu",
+                    "name": "to-tenant",
+                },
             )
         ]
         with pytest.raises(AccessDeniedError, match="not in this cluster"):
