@@ -294,7 +294,10 @@ class WireLink(Link):
             None,
             data or {},
         )
-        self._control_frame(K.ADVERTISE, event.encode())
+        try:
+            self._control_frame(K.ADVERTISE, event.encode())
+        except ProtocolError:  # closing: the next connection starts with a snapshot
+            return False
         return True
 
     # --- messages to the peer -----------------------------------------------------------
@@ -401,6 +404,15 @@ class WireLink(Link):
         event, self._suspended = self._suspended, None
         if event is not None:
             event.set()
+
+    def retry_now(self) -> bool:
+        """Cut short the wait before the next attempt to connect (a dialling link in
+        ``backoff``): the peer is known to be back. Return whether it was waiting."""
+        pause = self._pause
+        if pause is None:
+            return False
+        pause.cancel()
+        return True
 
     def stop(self, reason: str = "stopped") -> None:
         """Close the link for good: its connection closes and it leaves its VPN (state

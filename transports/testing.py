@@ -27,6 +27,8 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 
+import anyio
+import anyio.abc
 import attrs
 
 from meshbus import ManualClock, Node, Vpn
@@ -61,10 +63,18 @@ class Mesh:
         #: Each node's listener on :attr:`network`, by node name.
         self.servers: dict[str, Server] = {}
         self._stack = AsyncExitStack()
+        self._stops: dict[str, tuple[anyio.Event, anyio.Event]] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> Mesh:
         await self._stack.__aenter__()
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._stack.push_async_callback(self._stop_all)
         return self
+
+    async def _stop_all(self) -> None:
+        for name in reversed(list(self._stops)):  # the last started first, as before
+            await self.stop(name)
 
     async def __aexit__(
         self,
@@ -92,13 +102,38 @@ class Mesh:
         node_options.setdefault("node_id", name)
         node_options.setdefault("seed", 0)
         node = Node(name=name, clock=self.clock, **node_options)
-        await self._stack.enter_async_context(node)
-        if allow_links:
-            for vpn in node.vpns.values():
-                allow_bridges(vpn)
+        stop = anyio.Event()
+        stopped = anyio.Event()
+
+        async def run(*, task_status: anyio.abc.TaskStatus[Server]) -> None:
+            # Each node lives in a task of its own, so that one can stop before others
+            # started after it (a node's task group must end in the task it began in).
+            try:
+                async with node:
+                    if allow_links:
+                        for vpn in node.vpns.values():
+                            allow_bridges(vpn)
+                    listening = self.network.listen(name)
+                    server = await start_server(node, listener, listener=listening)
+                    task_status.started(server)
+                    await stop.wait()
+                    await server.aclose()
+            finally:
+                stopped.set()
+
+        assert self._tg is not None, "use the mesh with 'async with'"
+        server = await self._tg.start(run, name=f"mesh node {name}")
         self.nodes[name] = node
-        self.servers[name] = await start_server(node, listener, listener=self.network.listen(name))
+        self.servers[name] = server
+        self._stops[name] = (stop, stopped)
         return node
+
+    async def stop(self, name: str) -> None:
+        """Stop node ``name`` and its listener (start it again with :meth:`start`)."""
+        stop, stopped = self._stops.pop(name)
+        del self.nodes[name], self.servers[name]
+        stop.set()
+        await stopped.wait()
 
     def link(
         self,

@@ -377,3 +377,22 @@ async def test_a_dialling_link_closes_its_connection_when_it_stops(mesh: Mesh) -
     link.stop()
     await mesh.clock.settle()
     assert connection.closed  # not left for the garbage collector (an unclosed socket)
+
+
+async def test_a_mesh_node_stops_and_starts_again_and_retry_now_cuts_the_backoff(
+    mesh: Mesh,
+) -> None:
+    a = await mesh.start("a")
+    await mesh.start("b")
+    link = mesh.link(a, "b", wants=["t"], backoff=Backoff(initial=100.0, jitter=0.0))
+    await mesh.in_sync(link)
+    await mesh.stop("b")
+    assert "b" not in mesh.nodes
+    await mesh.clock.wait_for(lambda: link.state is LinkState.BACKOFF, within=10)
+    b = await mesh.start("b")  # the same name, listening again
+    with pytest.raises(TimeoutError):
+        await mesh.in_sync(link, within=50)  # still waiting out its backoff
+    assert link.retry_now()
+    await mesh.in_sync(link, within=1)
+    assert link.peer_node == b.node_id
+    assert not link.retry_now()  # connected: nothing to cut short
