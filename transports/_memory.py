@@ -118,6 +118,8 @@ class _Pipe:
             await self._reader_waiting.wait()
 
     def close(self) -> None:
+        if self.lossy:
+            return  # half-open: the end of the stream is lost like the rest
         self.eof = True
         self._wake_reader()
         self._wake_writer()
@@ -330,11 +332,13 @@ class MemoryNetwork:
         self._partitions.add(frozenset((a, b)))
         self.cut(a, b)
 
-    def half_open(self, a: str, b: str) -> None:
+    def half_open(self, a: str, b: str, *, new_connections: bool = True) -> None:
         """From now on, what ``a`` and ``b`` write to each other on their connections
-        (these and new ones) is lost, and neither is told, until :meth:`heal`."""
+        (these and, unless ``new_connections`` is false, new ones) is lost, closing them
+        included, and neither is told, until :meth:`heal`."""
         pair = frozenset((a, b))
-        self._lossy.add(pair)
+        if new_connections:
+            self._lossy.add(pair)
         for connection in self._between(a, b):
             connection.up.lossy = connection.down.lossy = True
 
