@@ -38,6 +38,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "guaranteed",
     "hopcount",
     "bridge",
+    "dmr",
 )
 """Entry-point names loaded when ``Node(plugins=None)``."""
 

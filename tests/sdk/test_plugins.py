@@ -108,7 +108,15 @@ class ExtraArgument:
 
 
 def test_default_plugins_are_the_builtin_entry_points() -> None:
-    assert DEFAULT_PLUGINS == ("direct", "shared", "eliding", "guaranteed", "hopcount", "bridge")
+    assert DEFAULT_PLUGINS == (
+        "direct",
+        "shared",
+        "eliding",
+        "guaranteed",
+        "hopcount",
+        "bridge",
+        "dmr",
+    )
     assert set(DEFAULT_PLUGINS) <= set(available_plugins())
     assert Node().plugins.names() == list(DEFAULT_PLUGINS)
     assert Node(plugins=None).plugins.get("direct") is direct_plugin
@@ -458,16 +466,19 @@ async def test_a_plugin_failing_while_the_node_stops_does_not_leave_its_tasks_ru
 
     class Broken:
         @hookimpl
-        def meshbus_subscription_removed(self, session: Session, subscription: object) -> None:
+        def meshbus_subscription_removed(self, session: object, subscription: object) -> None:
             raise RuntimeError("broken on the way out")
 
     async def forever() -> None:
         await anyio.sleep_forever()
 
-    with anyio.fail_after(10), pytest.raises(RuntimeError, match="broken on the way out"):
+    async def run_and_stop() -> None:
         async with Node(plugins=["direct", Broken()]) as node:
             node.task_group.start_soon(forever)
             node.connect().subscribe("a")
+
+    with anyio.fail_after(10), pytest.raises(RuntimeError, match="broken on the way out"):
+        await run_and_stop()
 
 
 async def test_configure_at_creation_and_unconfigure_after_stop_last_registered_first() -> None:

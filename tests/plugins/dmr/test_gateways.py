@@ -1,0 +1,89 @@
+"""Clusters joined by gateways (SPEC 8): interest passes to directly linked clusters
+only, and messages cross each external link at most once."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshbus.transports.testing import Mesh
+
+from ._helpers import data_out, drain, start_mesh
+
+pytestmark = pytest.mark.anyio
+
+ABCD = {"A": ["a1", "a2"], "B": ["b1", "b2"], "C": ["c1"], "D": ["d1"]}
+# a2 is A's gateway to B and C; b1 is B's gateway to A and D.
+ABCD_LINKS = [("a2", "b1"), ("a2", "c1"), ("b1", "d1")]
+
+
+async def test_interest_reaches_directly_linked_clusters_and_no_further(mesh: Mesh) -> None:
+    nodes, dmr = await start_mesh(mesh, ABCD, ABCD_LINKS)
+    subscriber = nodes["a1"].connect()
+    subscriber.subscribe("payments")
+    await mesh.clock.settle()
+    assert "payments" in dmr["a2"].neighbour("a1").learned["d"]
+    assert "payments" in dmr["b1"].neighbour("a2").learned["d"]  # B learned it
+    assert "payments" in dmr["c1"].neighbour("a2").learned["d"]  # C learned it
+    assert "payments" in dmr["b2"].neighbour("b1").learned["fd"]  # ... for all of B
+    assert not any(dmr["d1"].neighbour("b1").learned.values())  # D never did
+
+    nodes["b2"].connect().publish("payments", b"from B")
+    nodes["d1"].connect().publish("payments", b"from D")
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(subscriber)] == [b"from B"]
+    # b2 -> b1 -> a2 -> a1: one copy over each link on the way, one external link.
+    assert data_out(dmr["b2"], "b1") == 1
+    assert data_out(dmr["b1"], "a2") == 1
+    assert data_out(dmr["a2"], "a1") == 1
+    assert data_out(dmr["d1"], "b1") == 0
+    assert data_out(dmr["b1"], "d1") == 0
+
+
+async def test_gateways_send_each_message_once_to_each_side_and_never_back(
+    mesh: Mesh,
+) -> None:
+    layout = {"A": ["a1", "a2"], "B": ["b1", "b2"]}
+    nodes, dmr = await start_mesh(mesh, layout, [("a2", "b1")])
+    on_a1 = nodes["a1"].connect()
+    on_a1.subscribe("t/>")
+    on_b2 = nodes["b2"].connect()
+    on_b2.subscribe("t/>")
+    await mesh.clock.settle()
+    nodes["a1"].connect().publish("t/1", b"from a1")
+    nodes["b2"].connect().publish("t/2", b"from b2")
+    await mesh.clock.settle()
+    assert sorted(m.payload for m in drain(on_a1)) == [b"from a1", b"from b2"]
+    assert sorted(m.payload for m in drain(on_b2)) == [b"from a1", b"from b2"]
+    copies = {
+        (source, target): data_out(dmr[source], target)
+        for source, target in [
+            ("a1", "a2"),
+            ("a2", "a1"),
+            ("a2", "b1"),
+            ("b1", "a2"),
+            ("b1", "b2"),
+            ("b2", "b1"),
+        ]
+    }
+    assert copies == {
+        ("a1", "a2"): 1,  # a1's message to the gateway
+        ("a2", "b1"): 1,  # ... across to B
+        ("b1", "b2"): 1,  # ... to its subscriber
+        ("b2", "b1"): 1,  # b2's message the same way back
+        ("b1", "a2"): 1,
+        ("a2", "a1"): 1,
+    }
+    # Nothing went back to the cluster it came from: the gateways' drops say so.
+    for gateway, other in (("a2", "b1"), ("b1", "a2")):
+        out = dmr[gateway].neighbour(other).out
+        assert out is not None
+        assert out.statistics().dropped == {"transit": 1}
+
+
+async def test_a_gateway_passes_the_clusters_interest_not_another_clusters(mesh: Mesh) -> None:
+    nodes, dmr = await start_mesh(mesh, ABCD, ABCD_LINKS)
+    nodes["c1"].connect().subscribe("c/only")
+    await mesh.clock.settle()
+    # A learns C's interest (a2 passes it into A as foreign) but never tells B.
+    assert "c/only" in dmr["a1"].neighbour("a2").learned["fd"]
+    assert "c/only" not in dmr["b1"].neighbour("a2").learned["d"]
