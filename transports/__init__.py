@@ -12,6 +12,7 @@ from __future__ import annotations
 from ._asyncio_tcp import READ_HIGH_WATER, AsyncioTcpStream
 from ._backoff import Backoff
 from ._client import RemoteSession, connect
+from ._config_tables import read_backoff_table, read_tls_table
 from ._dialing import ConnectSettings, Remote, Target
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._link import WireLink, open_link
@@ -61,5 +62,7 @@ __all__ = [
     "memory_stream_pair",
     "open_link",
     "parse_url",
+    "read_backoff_table",
+    "read_tls_table",
     "start_server",
 ]

@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 
 from meshbus import ConfigContext, ConfigReader, ConfigSection, ConfigurationError, Vpn
-from meshbus.transports import Backoff, Remote, TlsSettings
+from meshbus.transports import Remote, read_backoff_table, read_tls_table
 
 from ._bridge import BRIDGE, BridgeSettings, open_bridge
 from ._mapping import TopicMapping, directions
@@ -40,33 +40,6 @@ from ._mapping import TopicMapping, directions
 __all__ = ["SECTIONS"]
 
 _OWN = ("remotes", "variables", "topics", "tls", "backoff")
-_TLS_FILES = ("ca", "certificate", "private_key")
-
-
-def _read_tls(reader: ConfigReader, raw: object, where: str) -> TlsSettings | None:
-    """The bridge's ``tls`` table: what it trusts and the certificate it shows."""
-    table = reader.table(raw, where)
-    if table is None:
-        return None
-    settings = reader.attrs_value(
-        TlsSettings, table, where, exclude=("require_client_certificate",)
-    )
-    if settings is None:
-        return None
-    usable = True
-    for key in _TLS_FILES:
-        file = getattr(settings, key)
-        if file is not None and not file.is_file():
-            what = "not a file" if file.exists() else "no such file"
-            reader.report(reader.join(where, key), f"{what}: {file}")
-            usable = False
-    if usable:
-        try:
-            settings.client_context()  # the files hold what they should
-        except ConfigurationError as exc:
-            reader.report(where, str(exc))
-            return None
-    return settings if usable else None
 
 
 def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, ...] | None:
@@ -101,7 +74,7 @@ def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, .
             if key in item:
                 values[key] = reader.value(item[key], hint, reader.join(at, key))
         if "tls" in item:
-            values["tls"] = _read_tls(reader, item["tls"], reader.join(at, "tls"))
+            values["tls"] = read_tls_table(reader, item["tls"], reader.join(at, "tls"))
         if None in values.values():
             remotes.append(None)
             continue
@@ -111,33 +84,6 @@ def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, .
             reader.report(reader.join(at, "url"), str(exc))
             remotes.append(None)
     return None if None in remotes else tuple(remotes)
-
-
-def _read_backoff(reader: ConfigReader, raw: object, where: str) -> Backoff | None:
-    """The bridge's ``backoff`` table: ``initial`` and ``maximum`` seconds, ``jitter``."""
-    table = reader.table(raw, where)
-    if table is None:
-        return None
-    if not reader.keys(table, where, ("initial", "maximum", "jitter")):
-        return None
-    values = {}
-    for key, default, check, why in (
-        ("initial", 1.0, lambda v: v > 0, "a positive number of seconds"),
-        ("maximum", 120.0, lambda v: v > 0, "a positive number of seconds"),
-        ("jitter", 0.2, lambda v: 0 <= v < 1, "a fraction from 0 up to 1"),
-    ):
-        at = reader.join(where, key)
-        value = reader.value(table.get(key, default), float, at)
-        if value is not None and not check(value):
-            reader.report(at, f"must be {why}, got {value!r}")
-            value = None
-        values[key] = value
-    if None in values.values():
-        return None
-    if values["maximum"] < values["initial"]:
-        reader.report(reader.join(where, "maximum"), "must not be below 'initial'")
-        return None
-    return Backoff(values["initial"], values["maximum"], values["jitter"])
 
 
 def _read_mapping(reader: ConfigReader, raw: object, where: str) -> TopicMapping | None:
@@ -175,11 +121,11 @@ def _read_bridge(
         extra["variables"] = None
     failed = False  # a table read with problems (reported at its keys)
     if "tls" in table:
-        extra["tls"] = tls = _read_tls(reader, table["tls"], reader.join(where, "tls"))
+        extra["tls"] = tls = read_tls_table(reader, table["tls"], reader.join(where, "tls"))
         failed = tls is None
     if "backoff" in table:
         at = reader.join(where, "backoff")
-        extra["backoff"] = backoff = _read_backoff(reader, table["backoff"], at)
+        extra["backoff"] = backoff = read_backoff_table(reader, table["backoff"], at)
         failed = failed or backoff is None
     topics = table.get("topics", [])
     topics_at = reader.join(where, "topics")

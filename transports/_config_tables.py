@@ -1,0 +1,67 @@
+"""Reading the TLS and backoff tables of a configuration file, for any plugin whose
+table makes connections (bridges, dynamic routing)."""
+
+from __future__ import annotations
+
+from meshbus import ConfigReader, ConfigurationError
+
+from ._backoff import Backoff
+from ._settings import TlsSettings
+
+__all__ = ["read_backoff_table", "read_tls_table"]
+
+_TLS_FILES = ("ca", "certificate", "private_key")
+
+
+def read_tls_table(reader: ConfigReader, raw: object, where: str) -> TlsSettings | None:
+    """A ``tls`` table of a dialling side: what it trusts and the certificate it shows
+    (files checked, and loaded once to see that they hold what they should)."""
+    table = reader.table(raw, where)
+    if table is None:
+        return None
+    settings = reader.attrs_value(
+        TlsSettings, table, where, exclude=("require_client_certificate",)
+    )
+    if settings is None:
+        return None
+    usable = True
+    for key in _TLS_FILES:
+        file = getattr(settings, key)
+        if file is not None and not file.is_file():
+            what = "not a file" if file.exists() else "no such file"
+            reader.report(reader.join(where, key), f"{what}: {file}")
+            usable = False
+    if usable:
+        try:
+            settings.client_context()  # the files hold what they should
+        except ConfigurationError as exc:
+            reader.report(where, str(exc))
+            return None
+    return settings if usable else None
+
+
+def read_backoff_table(reader: ConfigReader, raw: object, where: str) -> Backoff | None:
+    """A ``backoff`` table: ``initial`` and ``maximum`` seconds, ``jitter``."""
+    table = reader.table(raw, where)
+    if table is None:
+        return None
+    if not reader.keys(table, where, ("initial", "maximum", "jitter")):
+        return None
+    values = {}
+    for key, default, check, why in (
+        ("initial", 1.0, lambda v: v > 0, "a positive number of seconds"),
+        ("maximum", 120.0, lambda v: v > 0, "a positive number of seconds"),
+        ("jitter", 0.2, lambda v: 0 <= v < 1, "a fraction from 0 up to 1"),
+    ):
+        at = reader.join(where, key)
+        value = reader.value(table.get(key, default), float, at)
+        if value is not None and not check(value):
+            reader.report(at, f"must be {why}, got {value!r}")
+            value = None
+        values[key] = value
+    if None in values.values():
+        return None
+    if values["maximum"] < values["initial"]:
+        reader.report(reader.join(where, "maximum"), "must not be below 'initial'")
+        return None
+    return Backoff(values["initial"], values["maximum"], values["jitter"])
