@@ -92,6 +92,8 @@ class NodeConfig:
     """Durable state of the node (absolute)."""
     name: str = "meshbus"
     """The node's name."""
+    cluster: str | None = None
+    """The cluster the node is in (dynamic routing), or ``None``."""
     plugins: tuple[str, ...] | None = None
     """Plugin names to load; ``None`` for :data:`meshbus.DEFAULT_PLUGINS`."""
     block: tuple[str, ...] = ()
@@ -124,7 +126,11 @@ class NodeConfig:
         """
         try:
             node = Node(
-                name=self.name, plugins=self.plugins, block=self.block, data_dir=self.data_dir
+                name=self.name,
+                cluster=self.cluster,
+                plugins=self.plugins,
+                block=self.block,
+                data_dir=self.data_dir,
             )
         except ConfigurationError as exc:
             raise _failure(self.source, [f"{self.source}: node.plugins: {exc}"]) from exc

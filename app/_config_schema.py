@@ -38,7 +38,7 @@ from ._config_values import _BAD, _choice, _describe, _join, _suggest, _ValueChe
 DEFAULT_DATA_DIR = "meshbus-data"
 """Folder name of the data directory when ``node.data_dir`` is not given."""
 
-_NODE_KEYS = ("name", "data_dir", "plugins", "block")
+_NODE_KEYS = ("name", "cluster", "data_dir", "plugins", "block")
 _VPN_KEYS = ("authentication", "client_profiles", "acl_profiles", "users")
 _TLS_CLIENT_ONLY = frozenset({"server_hostname", "check_hostname"})
 _TLS_FILES = ("ca", "certificate", "private_key")
@@ -95,6 +95,7 @@ class _Checker(_ValueChecker):
         node = self.table(raw_node, "node") or {}
         self.keys(node, "node", _NODE_KEYS)
         name = self.node_name(node)
+        cluster = self.node_cluster(node)
         data_dir = self.data_dir(node)
         plugins, block = self.plugins(node)
         listeners = self.listeners(document.get("listeners"))
@@ -110,6 +111,7 @@ class _Checker(_ValueChecker):
         return NodeConfig(
             source=self.source,
             name=name,
+            cluster=cluster,
             data_dir=data_dir,
             plugins=plugins,
             block=block,
@@ -196,6 +198,18 @@ class _Checker(_ValueChecker):
                 self.report("node.name", str(exc))
                 return None
         return name  # type: ignore[no-any-return]
+
+    def node_cluster(self, node: Mapping[str, Any]) -> str | None:
+        if "cluster" not in node:
+            return None
+        cluster = self.value(node["cluster"], str, "node.cluster")
+        if cluster is not None:
+            try:
+                check_identity("cluster name", cluster)
+            except ConfigurationError as exc:
+                self.report("node.cluster", str(exc))
+                return None
+        return cluster  # type: ignore[no-any-return]
 
     def data_dir(self, node: Mapping[str, Any]) -> Path | None:
         path: Path | None = self.value(

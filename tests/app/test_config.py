@@ -103,7 +103,7 @@ def test_unknown_key_suggests_the_close_one(problems: Problems) -> None:
     assert problems(text) == [
         "edge.toml: listener: unknown key (did you mean 'listeners'?)",
         "edge.toml: node.nmae: unknown key (did you mean 'name'?)",
-        "edge.toml: node.colour: unknown key (expected one of: name, data_dir, plugins, block)",
+        "edge.toml: node.colour: unknown key (did you mean 'cluster'?)",
         "edge.toml: vpns.default.client_profiles.gold.egress_max_mesages: "
         "unknown key (did you mean 'egress_max_messages'?)",
         "edge.toml: vpns.default.users.alice.acl_profiel: "
@@ -293,10 +293,10 @@ def test_unknown_plugin(problems: Problems) -> None:
     """
     assert problems(text) == [
         "edge.toml: node.plugins[1]: unknown plugin 'guaranted' (did you mean 'guaranteed'?); "
-        "installed: bridge, direct, eliding, guaranteed, hopcount, shared",
+        "installed: bridge, direct, dmr, eliding, guaranteed, hopcount, shared",
         "edge.toml: node.plugins[2]: plugin 'direct' is listed twice",
         "edge.toml: node.block[0]: unknown plugin 'elidng' (did you mean 'eliding'?); "
-        "installed: bridge, direct, eliding, guaranteed, hopcount, shared",
+        "installed: bridge, direct, dmr, eliding, guaranteed, hopcount, shared",
         "edge.toml: node.block[1]: plugin 'direct' is also in node.plugins: keep one",
         "edge.toml: vpns.default.queues: queues need the 'guaranteed' plugin, which is not "
         "loaded (see node.plugins and node.block)",

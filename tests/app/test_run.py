@@ -77,7 +77,7 @@ client_profile = "gold"
 BAD_PROBLEMS = [
     "meshbus run: invalid configuration edge.toml:",
     "  edge.toml: node.plugins[1]: unknown plugin 'guaranted' (did you mean 'guaranteed'?); "
-    "installed: bridge, direct, eliding, guaranteed, hopcount, shared",
+    "installed: bridge, direct, dmr, eliding, guaranteed, hopcount, shared",
     "  edge.toml: listeners[0].port: must be an integer from 0 to 65535, got 70000",
     "  edge.toml: vpns.default.users.alice.client_profile: "
     "no client profile named 'gold' in VPN 'default'",
