@@ -13,7 +13,7 @@ import importlib.metadata
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -276,6 +276,14 @@ class PluginManager:
 
     def link_closed(self, link: Link, reason: str) -> None:
         self._pm.hook.meshbus_link_closed(link=link, reason=reason)
+
+    def vpn_statistics(self, vpn: Vpn) -> dict[str, Any]:
+        """Every plugin's own figures for ``vpn``, merged (see the hookspec)."""
+        merged: dict[str, Any] = {}
+        for figures in self._pm.hook.meshbus_vpn_statistics(vpn=vpn):
+            if figures:
+                merged.update(figures)
+        return merged
 
 
 def compose(

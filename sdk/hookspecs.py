@@ -19,7 +19,7 @@ Only the plugin manager (``meshbus._plugins``) calls these hooks, through one ty
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -307,6 +307,19 @@ def meshbus_accept_link(
     :param peer_node: the node id the peer gave.
     :param peer_cluster: the cluster the peer says it is in (``None``: none).
     :param name: the peer's name for the link.
+    """
+
+
+@hookspec
+def meshbus_vpn_statistics(vpn: Vpn) -> dict[str, Any] | None:
+    """Return the plugin's own figures for ``vpn``, or ``None`` when it has none there.
+
+    The figures are ``{plugin name: figures}`` of plain (JSON-able) values;
+    ``meshbus stats`` shows them under ``plugins`` (dynamic routing shows its
+    neighbours, their links and interest tables this way). Called only when
+    statistics are asked for, never per message.
+
+    :param vpn: the VPN asked about.
     """
 
 

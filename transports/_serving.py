@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -468,6 +469,7 @@ def node_statistics(session: Session) -> dict[str, Any]:
             "node": node.name,
             "vpns": {vpn.name: _as_dict(vpn.statistics())},
             "links": {vpn.name: _links(vpn)},
+            "plugins": _plugins({vpn.name: vpn}),
         }
     from ._server import SERVERS
 
@@ -477,6 +479,7 @@ def node_statistics(session: Session) -> dict[str, Any]:
         "totals": _as_dict(stats),
         "vpns": {name: _as_dict(vpn.statistics()) for name, vpn in node.vpns.items()},
         "links": {name: _links(vpn) for name, vpn in node.vpns.items() if len(vpn.links)},
+        "plugins": _plugins(node.vpns),
         "listeners": {
             server.url: _as_dict(server.statistics()) for server in node.stash.get(SERVERS, [])
         },
@@ -486,6 +489,16 @@ def node_statistics(session: Session) -> dict[str, Any]:
 def _links(vpn: Vpn) -> dict[str, Any]:
     """The counters of each of the VPN's links (bridges, routes), by link name."""
     return {link.name: _as_dict(link.statistics()) for link in vpn.links}
+
+
+def _plugins(vpns: Mapping[str, Vpn]) -> dict[str, Any]:
+    """The plugins' own figures for each VPN that has some."""
+    found = {}
+    for name, vpn in vpns.items():
+        figures = vpn.node.plugins.vpn_statistics(vpn)
+        if figures:
+            found[name] = figures
+    return found
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

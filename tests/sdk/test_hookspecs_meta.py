@@ -214,6 +214,11 @@ class Recorder:
             raise AccessDeniedError(user.name, "connect", why="not in this cluster")
 
     @hookimpl
+    def meshbus_vpn_statistics(self, vpn: Vpn) -> dict[str, Any] | None:
+        self._record("meshbus_vpn_statistics", vpn=vpn)
+        return {"recorder": {"links": len(vpn.links)}}
+
+    @hookimpl
     def meshbus_link_pipeline(self, link: Link, pipeline: LinkPipeline) -> None:
         self._record("meshbus_link_pipeline", link=link, egress=pipeline.egress)
         pipeline.add_egress("recorder", lambda envelope: envelope.message.topic != "secret")
@@ -399,6 +404,9 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
         assert rec.take() == [
             ("meshbus_link_closed", {"link": link, "reason": "peer went away", "interest": ()})
         ]
+        # Asked only when statistics are: each plugin's figures, merged.
+        assert node.plugins.vpn_statistics(tenant) == {"recorder": {"links": 1}}
+        assert rec.take() == [("meshbus_vpn_statistics", {"vpn": tenant})]
         publisher.close()
         rec.take()
 
