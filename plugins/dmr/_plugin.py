@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from meshbus import (
     AccessDeniedError,
     ClientUsername,
+    ConfigSections,
     Link,
     LinkPipeline,
     Session,
@@ -14,6 +17,7 @@ from meshbus import (
 )
 from meshbus.transports import WireLink
 
+from ._config import SECTIONS
 from ._dmr import NEIGHBOUR, ROUTING, on_advertise
 from ._neighbour import parse_link_name
 from ._routing import Routing
@@ -144,3 +148,22 @@ def meshbus_link_closed(link: Link, reason: str) -> None:
             routing.dmr.sync_changed()
     else:
         routing.into_closed(neighbour, link)
+
+
+@hookimpl
+def meshbus_config_sections(sections: ConfigSections) -> None:
+    for section in SECTIONS:
+        sections.add(section, plugin="dmr")
+
+
+@hookimpl
+def meshbus_vpn_statistics(vpn: Vpn) -> dict[str, Any] | None:
+    routing = vpn.stash.get(ROUTING, None)
+    if routing is None or routing.dmr is None:
+        return None
+    dmr = routing.dmr
+    figures = routing.statistics()
+    figures.update(
+        cluster=dmr.cluster, node=dmr.node_name, state=dmr.state, synced_after=dmr.synced_after
+    )
+    return {"dmr": figures}

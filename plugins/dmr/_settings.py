@@ -74,8 +74,8 @@ class DmrSettings:
     :class:`Peer` with ``cluster``): at most one per other cluster.
     """
 
-    peers: tuple[Peer, ...] = attrs.field(converter=_peers)
-    """The neighbours this node links to."""
+    peers: tuple[Peer, ...] = attrs.field(default=(), converter=_peers)
+    """The neighbours this node links to (none: a cluster of one node, so far)."""
     vpns: tuple[str, ...] = attrs.field(default=("default",), converter=tuple)
     """The VPNs that route across the mesh (each links to the same VPN on its peers)."""
     username: str = "default"
