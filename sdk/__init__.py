@@ -57,6 +57,7 @@ from ._topics import (
     is_wildcard_filter,
     parse_endpoint_subscription,
     parse_subscription,
+    validate_queue_topic,
     validate_topic,
 )
 from ._vpn import Vpn
@@ -152,6 +153,7 @@ __all__ = [
     "make_message",
     "parse_endpoint_subscription",
     "parse_subscription",
+    "validate_queue_topic",
     "validate_topic",
     "verify_password",
     "write_json_atomically",

@@ -36,7 +36,13 @@ from ._index import SubscriptionIndex
 from ._messages import Envelope, Message, MessageOptions
 from ._stash import Stash
 from ._stats import LatencyHistogram
-from ._topics import parse_subscription, validate_topic, wildcard_levels
+from ._topics import (
+    QUEUE_TOPIC_PREFIX,
+    parse_subscription,
+    validate_queue_topic,
+    validate_topic,
+    wildcard_levels,
+)
 from .errors import (
     AccessDeniedError,
     ConfigurationError,
@@ -507,7 +513,10 @@ class Link(ABC):
         if topic not in self._admitted:
             # First message on this topic: what a session's publish would check (SPEC 1).
             try:
-                validate_topic(topic, self.vpn.topic_limits)
+                if topic.startswith(QUEUE_TOPIC_PREFIX):  # sent to a queue by name
+                    validate_queue_topic(topic)
+                else:
+                    validate_topic(topic, self.vpn.topic_limits)
             except InvalidTopicError:
                 self.count_drop("bad_topic")
                 return False

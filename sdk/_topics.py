@@ -27,6 +27,7 @@ __all__ = [
     "is_wildcard_filter",
     "parse_endpoint_subscription",
     "parse_subscription",
+    "validate_queue_topic",
     "validate_topic",
 ]
 
@@ -103,6 +104,19 @@ def validate_topic(topic: str, limits: TopicLimits = DEFAULT_LIMITS) -> None:
     _check_common(topic, limits, "topic")
     if topic.startswith("#"):
         raise InvalidTopicError(topic, "topics starting with '#' are reserved for the system", 1)
+
+
+def validate_queue_topic(topic: str) -> str:
+    """Check a queue's topic, ``#P2P/QUE/<name>`` (what a message sent to a queue by
+    name carries, SPEC 4); return the queue's name or raise :class:`InvalidTopicError`."""
+    if not isinstance(topic, str) or not topic.startswith(QUEUE_TOPIC_PREFIX):
+        raise InvalidTopicError(repr(topic), f"a queue's topic starts with {QUEUE_TOPIC_PREFIX}")
+    name = topic[len(QUEUE_TOPIC_PREFIX) :]
+    if not name or len(name) > 200 or any(c in name for c in "*>\x00"):
+        raise InvalidTopicError(
+            topic, "a queue's topic names one queue: 1 to 200 characters, no '*', '>' or NUL"
+        )
+    return name
 
 
 def parse_subscription(text: str, limits: TopicLimits = DEFAULT_LIMITS) -> Subscription:

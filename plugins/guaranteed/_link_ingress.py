@@ -18,7 +18,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from meshbus import DeliveryMode, Envelope, Link, Message, PublishRejectedError
+from meshbus import (
+    QUEUE_TOPIC_PREFIX,
+    DeliveryMode,
+    Envelope,
+    Link,
+    Message,
+    PublishRejectedError,
+    SubscriptionIndex,
+)
 
 from ._queue import endpoints_of, message_meta
 from ._settings import MAX_MESSAGE_SIZE, META_HEADER
@@ -57,7 +65,7 @@ async def spool_many(
                 refusal = PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, whole)
                 break
             accepted: list[Queue] = []
-            for queue in index.match(message.topic) if index is not None else ():
+            for queue in _matching(service, vpn.name, index, message.topic):
                 if not link.spools_to(queue.endpoint):
                     continue  # the queue that feeds this link, or one it keeps out
                 refusal = queue.refusal(size, whole)
@@ -134,3 +142,18 @@ async def spool_many(
         vpn.dispatch(Envelope(copy, link, endpoints, mode), count_unmatched=not accepted)
         taken.append(endpoints)
     return taken, refusal
+
+
+def _matching(
+    service: GuaranteedService, vpn: str, index: SubscriptionIndex[Queue] | None, topic: str
+) -> tuple[Queue, ...]:
+    """The endpoints whose subscriptions match ``topic``; for a message sent to a queue by
+    name (``#P2P/QUE/<name>``), that queue and those that subscribe its topic exactly."""
+    if not topic.startswith(QUEUE_TOPIC_PREFIX):
+        return index.match(topic) if index is not None else ()
+    # Sent to a queue by name: that queue, and those subscribing its topic itself.
+    following = index.subscribers(topic) if index is not None else ()
+    named = service.find_queue(vpn, topic[len(QUEUE_TOPIC_PREFIX) :])
+    if named is not None and not named.topic_endpoint and named not in following:
+        return (named, *following)
+    return following

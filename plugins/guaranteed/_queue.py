@@ -29,11 +29,10 @@ from meshbus import (
     PublishRejectedError,
     Session,
     StateError,
-    parse_endpoint_subscription,
 )
 from meshbus.abc import Flow
 
-from ._settings import META_HEADER, AccessType, QueueSettings
+from ._settings import META_HEADER, AccessType, QueueSettings, endpoint_filter
 from ._store import NewMessage, SpoolEntry, SpoolStore, StoredMessage
 
 if TYPE_CHECKING:
@@ -112,7 +111,7 @@ class Queue:
         """The topic filters that attract messages to it."""
         if self.topic_endpoint:
             return [self.subscription] if self.subscription is not None else []
-        return [parse_endpoint_subscription(text).filter for text in self.settings.subscriptions]
+        return [endpoint_filter(text) for text in self.settings.subscriptions]
 
     def forget_held(self) -> None:
         """Drop the read-ahead state (the store's copies were just dropped)."""

@@ -28,14 +28,13 @@ from meshbus import (
     StateError,
     SubscriptionIndex,
     Vpn,
-    parse_endpoint_subscription,
     write_json_atomically,
 )
 from meshbus.abc import Flow, GuaranteedMessaging
 
 from ._link_ingress import spool_many
 from ._queue import Queue, QueueFlow, endpoints_of, message_meta
-from ._settings import MAX_MESSAGE_SIZE, META_HEADER, QueueSettings
+from ._settings import MAX_MESSAGE_SIZE, META_HEADER, QueueSettings, endpoint_filter
 from ._store import NewMessage, SpoolStore
 
 __all__ = ["GuaranteedService"]
@@ -90,10 +89,7 @@ class GuaranteedService(GuaranteedMessaging):
         # Parsed under the VPN's own topic limits before anything is registered, so a
         # subscription over them refuses the whole queue (SPEC 1: nothing half-applied).
         try:
-            filters = [
-                parse_endpoint_subscription(text, the_vpn.topic_limits).filter
-                for text in wanted.subscriptions
-            ]
+            filters = [endpoint_filter(text, the_vpn.topic_limits) for text in wanted.subscriptions]
         except InvalidTopicError as exc:
             raise ConfigurationError(f"queue {name!r}: invalid subscription: {exc}") from None
         queue = Queue(self, vpn, wanted)
@@ -115,13 +111,13 @@ class GuaranteedService(GuaranteedMessaging):
         :raises InvalidTopicError: the subscription is not valid for an endpoint.
         """
         queue = self.queue(name, vpn=vpn)
-        topic_filter = parse_endpoint_subscription(subscription, self.node.vpn(vpn).topic_limits)
+        topic_filter = endpoint_filter(subscription, self.node.vpn(vpn).topic_limits)
         if subscription in queue.settings.subscriptions:
             return
         queue.settings = attrs.evolve(
             queue.settings, subscriptions=(*queue.settings.subscriptions, subscription)
         )
-        self._indexes.setdefault(vpn, SubscriptionIndex()).add(topic_filter.filter, queue)
+        self._indexes.setdefault(vpn, SubscriptionIndex()).add(topic_filter, queue)
         self.node.vpn(vpn).enable_router("guaranteed", True)
         self._interest_changed(queue)
 
@@ -149,7 +145,11 @@ class GuaranteedService(GuaranteedMessaging):
     def _interest_changed(self, queue: Queue) -> None:
         vpn = self.node.vpns.get(queue.vpn_name)
         if vpn is not None:
-            filters = () if queue.deleted else tuple(dict.fromkeys(queue.filters()))
+            if queue.deleted:
+                filters: tuple[str, ...] = ()
+            else:  # a queue also attracts what is sent to it by name
+                own = () if queue.topic_endpoint else (QUEUE_TOPIC_PREFIX + queue.settings.name,)
+                filters = tuple(dict.fromkeys((*own, *queue.filters())))
             self.node.plugins.endpoint_interest(vpn, queue.endpoint, filters)
 
     def create_topic_endpoint(self, name: str, *, vpn: str = "default", **settings: Any) -> Queue:
@@ -407,14 +407,20 @@ class GuaranteedService(GuaranteedMessaging):
         # up, so that a session the ACL denies cannot tell which queues exist.
         session.check_publish_acl(topic)
         target = self._queues.get((session.vpn.name, queue))
-        if target is None or target.topic_endpoint:
+        targets = [] if target is None or target.topic_endpoint else [target]
+        # ... and the queues that subscribe that queue's topic itself (those holding
+        # messages for queues of that name on other nodes: SPEC 8); never a wildcard's.
+        index = self._indexes.get(session.vpn.name)
+        targets += [q for q in (index.subscribers(topic) if index else ()) if q is not target]
+        if not targets:
             raise PublishRejectedError("no-such-queue", f"queue {queue!r}")
-        refusal = target.refusal(len(payload), len(payload) + options["size"])
-        if refusal is not None:
-            raise refusal
+        for each in targets:
+            refusal = each.refusal(len(payload), len(payload) + options["size"])
+            if refusal is not None:
+                raise refusal
         now = self.node.clock.time()
         meta = _with_meta(options, session, self._new_origin())
-        await self._spool([target], topic, payload, meta, now)
+        await self._spool(targets, topic, payload, meta, now)
 
     def _new_origin(self) -> tuple[str, int]:
         return (self.node.node_id, self.node.next_origin_id())

@@ -7,9 +7,16 @@ from typing import Any
 
 import attrs
 
-from meshbus import ConfigurationError, InvalidTopicError, parse_endpoint_subscription
+from meshbus import (
+    QUEUE_TOPIC_PREFIX,
+    ConfigurationError,
+    InvalidTopicError,
+    TopicLimits,
+    parse_endpoint_subscription,
+    validate_queue_topic,
+)
 
-__all__ = ["MAX_MESSAGE_SIZE", "META_HEADER", "AccessType", "QueueSettings"]
+__all__ = ["MAX_MESSAGE_SIZE", "META_HEADER", "AccessType", "QueueSettings", "endpoint_filter"]
 
 #: The largest message the bus takes unless a queue says less (SPEC 4: 30 MB).
 MAX_MESSAGE_SIZE = 30 * 1024 * 1024
@@ -62,13 +69,29 @@ def _flag(instance: object, attribute: attrs.Attribute[Any], value: object) -> N
         raise ConfigurationError(f"queue setting {attribute.name} must be a bool, got {value!r}")
 
 
+def endpoint_filter(text: str, limits: TopicLimits | None = None) -> str:
+    """The filter an endpoint subscription attracts. Besides what a session may
+    subscribe, a queue may take another queue's topic, ``#P2P/QUE/<name>``: it then
+    also gets what is sent to that queue by name (how a queue that holds messages for
+    a link follows the queues of that name on the other side).
+
+    :raises InvalidTopicError: it is neither.
+    """
+    if text.startswith(QUEUE_TOPIC_PREFIX):
+        validate_queue_topic(text)
+        return text
+    if limits is None:
+        return parse_endpoint_subscription(text).filter
+    return parse_endpoint_subscription(text, limits).filter
+
+
 def _subscriptions(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not hasattr(value, "__iter__"):
         raise ConfigurationError(f"queue subscriptions must be a list of filters, got {value!r}")
     out = tuple(value)
     for text in out:
         try:
-            parse_endpoint_subscription(text)
+            endpoint_filter(text)
         except InvalidTopicError as exc:
             raise ConfigurationError(f"invalid queue subscription: {exc}") from None
     return out

@@ -436,8 +436,9 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
         await service.delete_queue("q")
         default = store_node.vpn()
         assert [args for hook, args in rec.take() if hook == "meshbus_endpoint_interest"] == [
-            {"vpn": default, "endpoint": queue.endpoint, "filters": ("a/>",)},
-            {"vpn": default, "endpoint": queue.endpoint, "filters": ("a/>", "b")},
+            # A queue also attracts what is sent to it by name: its own topic.
+            {"vpn": default, "endpoint": queue.endpoint, "filters": ("#P2P/QUE/q", "a/>")},
+            {"vpn": default, "endpoint": queue.endpoint, "filters": ("#P2P/QUE/q", "a/>", "b")},
             {"vpn": default, "endpoint": queue.endpoint, "filters": ()},
         ]
 

@@ -379,6 +379,19 @@ async def test_the_links_queue_does_not_take_back_what_came_in_over_the_link(
     assert local.usage()[0] == 1
 
 
+async def test_a_message_sent_to_a_queue_by_name_crosses_a_link_to_that_queue(
+    spooling: Node,
+) -> None:
+    service: Any = spooling.guaranteed
+    orders = service.create_queue("orders")
+    wildcard = service.create_queue("all", subscriptions=[">"])
+    link = attached(spooling.vpn(), "a")
+    assert await link.receive_guaranteed(guaranteed("#P2P/QUE/orders"))
+    assert not await link.receive_guaranteed(guaranteed("#P2P/QUE/or>ders"))  # not a name
+    assert (orders.usage()[0], wildcard.usage()[0]) == (1, 0)
+    assert link.statistics().dropped == {"bad_topic": 1}
+
+
 async def test_a_link_keeps_out_the_endpoints_it_is_told_to(spooling: Node) -> None:
     service: Any = spooling.guaranteed
     onward = service.create_queue("onward", subscriptions=["g/>"])

@@ -357,6 +357,26 @@ async def test_send_to_queue_delivers_under_the_queue_topic(data_dir: Path | Non
             assert m.destination == "orders"
 
 
+async def test_a_queue_following_a_queue_name_gets_what_is_sent_to_that_name(
+    data_dir: Path | None,
+) -> None:
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
+        svc = service(node)
+        svc.create_queue("orders")
+        svc.create_queue("follower", subscriptions=["#P2P/QUE/orders"], accept_direct=False)
+        svc.create_queue("elsewhere", subscriptions=["#P2P/QUE/invoices"])
+        s = node.connect()
+        await s.send_to_queue("orders", b"1")
+        await s.send_to_queue("invoices", b"2")  # no such queue here: its follower takes it
+        assert held(node, "orders") == (1, 1)
+        assert held(node, "follower") == (1, 1)
+        assert held(node, "elsewhere") == (1, 1)
+        with pytest.raises(PublishRejectedError, match="no-such-queue"):
+            await s.send_to_queue("nobody", b"3")
+        with pytest.raises(ConfigurationError, match="names one queue"):
+            svc.create_queue("bad", subscriptions=["#P2P/QUE/or*"])
+
+
 @pytest.mark.parametrize(
     ("settings", "payload", "reason", "limit", "size"),
     [
