@@ -43,8 +43,9 @@ class _Class:
         self.wildcards: SubscriptionIndex[str] = SubscriptionIndex(cache_size=0)
 
     def covered(self, topic_filter: str) -> bool:
-        """Whether an advertised filter other than ``topic_filter`` covers it."""
-        if not self.wildcards:
+        """Whether an advertised filter other than ``topic_filter`` covers it (a queue's
+        topic, ``#P2P/QUE/<name>``, never is: it names one queue, not what matches)."""
+        if not self.wildcards or topic_filter.startswith("#"):
             return False
         if not is_wildcard_filter(topic_filter):
             return any(w != topic_filter for w in self.wildcards.match(topic_filter))
@@ -99,7 +100,9 @@ class InterestTable:
         removed: list[tuple[str, str]] = []
         if is_wildcard_filter(topic_filter):
             for other in [
-                f for f in table.advertised if f != topic_filter and filter_covers(topic_filter, f)
+                f
+                for f in table.advertised
+                if f != topic_filter and f[0] != "#" and filter_covers(topic_filter, f)
             ]:
                 table.hide(other)
                 removed.append((kind, other))
@@ -126,6 +129,7 @@ class InterestTable:
                 f
                 for f in table.counts
                 if f not in table.advertised
+                and f[0] != "#"
                 and filter_covers(topic_filter, f)
                 and not table.covered(f)
             ]

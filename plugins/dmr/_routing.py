@@ -28,12 +28,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from meshbus import (
+    QUEUE_TOPIC_PREFIX,
     Envelope,
     Link,
     LinkPipeline,
     MeshbusError,
     Vpn,
     parse_subscription,
+    validate_queue_topic,
 )
 from meshbus.transports import WireLink
 
@@ -271,13 +273,15 @@ class Routing:
         if out is None:
             return
         for topic_filter in added:
+            if topic_filter.startswith("#"):
+                continue  # a queue's name: what is sent to it goes by the waiting queue
             try:
                 out.add_interest(topic_filter)
             except MeshbusError as exc:
                 self.bad_adverts += 1
                 log.warning("dmr: %s wants %r: %s", neighbour.name, topic_filter, exc)
         for topic_filter in removed:
-            if not neighbour.wants(topic_filter):
+            if not neighbour.wants(topic_filter) and not topic_filter.startswith("#"):
                 out.remove_interest(topic_filter)
 
     def _apply_queue(
@@ -420,7 +424,10 @@ def _valid(topic_filter: object) -> bool:
     if not isinstance(topic_filter, str):
         return False
     try:
-        parse_subscription(topic_filter)
+        if topic_filter.startswith(QUEUE_TOPIC_PREFIX):  # a queue's name, as interest
+            validate_queue_topic(topic_filter)
+        else:
+            parse_subscription(topic_filter)
     except MeshbusError:
         return False
     return True

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from meshbus import ConfigurationError, LinkState
+from meshbus import ConfigurationError, LinkState, PublishRejectedError
 from meshbus.plugins.dmr import DmrSettings, Peer, link_name, start_dmr
 from meshbus.transports import ConnectSettings, WireLink, open_link
 from meshbus.transports.testing import Mesh
@@ -160,3 +160,29 @@ async def test_a_peer_that_comes_back_under_a_new_identity_replaces_its_old_link
     await mesh.clock.wait_for(lambda: dmr["n1"].neighbour("n2").node_id == "n2-reborn", within=30)
     assert old.state is LinkState.DISABLED
     assert "replaced" in old.reason
+
+
+async def test_a_send_to_a_queue_name_reaches_the_queues_of_that_name_on_other_nodes(
+    mesh: Mesh,
+) -> None:
+    nodes, dmr = await start_mesh(mesh, THREE)
+    services = {name: nodes[name].guaranteed for name in ("n1", "n2")}
+    for service in services.values():
+        service.create_queue("orders")  # type: ignore[union-attr]
+    nodes["n1"].guaranteed.create_queue("everything", subscriptions=[">"])  # type: ignore[union-attr]
+    await mesh.clock.settle()
+    assert "#P2P/QUE/orders" in dmr["n3"].neighbour("n1").learned["g"]
+    sender = nodes["n3"].connect()  # n3 has no queue of that name
+    for i in range(10):
+        await sender.send_to_queue("orders", b"%d" % i)
+    await mesh.clock.settle()
+    for name, service in services.items():
+        queue = service.queue("orders")  # type: ignore[union-attr]
+        await mesh.clock.wait_for(lambda q=queue: q.usage()[0] == 10, within=30)  # type: ignore[misc]
+        assert queue.usage()[0] == 10, name
+    # A wildcard queue is not a queue of that name: it takes nothing sent by name.
+    assert nodes["n1"].guaranteed.queue("everything").usage()[0] == 0  # type: ignore[union-attr]
+    # Not passed on from n1 to n2 (each got its copy from n3 itself).
+    assert dmr["n1"].neighbour("n2").out.statistics().forwarded == 0  # type: ignore[union-attr]
+    with pytest.raises(PublishRejectedError, match="no-such-queue"):
+        await sender.send_to_queue("nowhere", b"x")
