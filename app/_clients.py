@@ -75,6 +75,11 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     stats = commands.add_parser("stats", help="show a running node's statistics")
     _connection_options(stats)
+    stats.add_argument(
+        "--links",
+        action="store_true",
+        help="a table of the node's links and routing neighbours instead of everything",
+    )
 
 
 def _session(args: argparse.Namespace) -> RemoteSession:
@@ -282,4 +287,63 @@ FORMATS: dict[str, Callable[[Any, IO[bytes]], None]] = {
 async def _stats(args: argparse.Namespace) -> None:
     async with _session(args) as session:
         stats = await session.node_statistics()
-    print(orjson.dumps(stats, option=orjson.OPT_INDENT_2).decode())
+    if args.links:
+        print("\n".join(links_table(stats)))
+    else:
+        print(orjson.dumps(stats, option=orjson.OPT_INDENT_2).decode())
+
+
+def links_table(stats: dict[str, Any]) -> list[str]:
+    """The lines of ``meshbus stats --links``: each link of each VPN (name, kind,
+    state, peer, messages out and in, drops), then each routing neighbour."""
+    rows = [("VPN", "LINK", "KIND", "STATE", "PEER", "OUT", "IN", "DROPPED")]
+    for vpn, links in sorted(stats.get("links", {}).items()):
+        for name, link in sorted(links.items()):
+            dropped = sum(link.get("dropped", {}).values())
+            rows.append(
+                (
+                    vpn,
+                    name,
+                    link["kind"],
+                    link["state"],
+                    link.get("peer_node") or "-",
+                    str(link["forwarded"]),
+                    str(link["received"]),
+                    str(dropped),
+                )
+            )
+    lines = _columns(rows) if len(rows) > 1 else ["no links"]
+    for vpn, plugins in sorted(stats.get("plugins", {}).items()):
+        routing = plugins.get("dmr")
+        if not routing:
+            continue
+        lines.append("")
+        lines.append(
+            f"routing in VPN {vpn}: node {routing['node']} of cluster {routing['cluster']}, "
+            f"{routing['state']}"
+        )
+        table = [("NEIGHBOUR", "KIND", "STATE", "INTEREST", "SENT", "UNREACHABLE")]
+        for name, neighbour in sorted(routing["neighbours"].items()):
+            interest = sum(neighbour["interest"].values())
+            sent = neighbour.get("out", {}).get("messages", 0)
+            unreachable = neighbour.get("out", {}).get("dropped", {}).get("unreachable", 0)
+            table.append(
+                (
+                    name,
+                    neighbour["kind"],
+                    neighbour["state"],
+                    str(interest),
+                    str(sent),
+                    str(unreachable),
+                )
+            )
+        lines += _columns(table)
+    return lines
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
+from meshbus.app._clients import links_table
+from meshbus.transports._serving import node_statistics
 from meshbus.transports.testing import Mesh
 
 from ._helpers import adverts_in, data_out, drain, start_mesh
@@ -87,3 +90,18 @@ async def test_interest_from_another_node_is_not_used_for_transit(mesh: Mesh) ->
     out = dmr["n2"].neighbour("n3").out
     assert out is not None
     assert out.statistics().dropped == {"transit": 1}
+
+
+async def test_stats_links_shows_the_links_and_the_neighbours(mesh: Mesh) -> None:
+    nodes, _ = await start_mesh(mesh, THREE)
+    session = nodes["n1"].connect()
+    session.subscribe("x")
+    await mesh.clock.settle()
+    # As the CLI gets them: through JSON.
+    lines = links_table(orjson.loads(orjson.dumps(node_statistics(nodes["n2"].connect()))))
+    text = "\n".join(lines)
+    assert lines[0].split() == ["VPN", "LINK", "KIND", "STATE", "PEER", "OUT", "IN", "DROPPED"]
+    assert "dmr:n2:n1" in text
+    assert "routing in VPN default: node n2 of cluster c1, in-sync" in text
+    (row,) = [line for line in lines if line.startswith("n1 ")]
+    assert row.split() == ["n1", "internal", "in-sync", "1", "0", "0"]
