@@ -34,6 +34,13 @@ EXPECTED: dict[str, list[str]] = {
         "a's queue holds 0 messages",
         "link pair-b: forwarded=1 interest=1",
     ],
+    "dmr_mesh.py": [
+        "us-1 learned from eu-2: ['fx/eur-usd']",
+        "desks got: ['1.0842', '1.0842', '1.0842']",
+        "copies: us-1 -> eu-2: 1 eu-2 -> eu-1: 1",
+        "trader got: 1.0843 for EUR 1m",
+        "eu-1 is in-sync",
+    ],
     "bridges.py": [
         "office got plant-7/alarms/press-3: overheated (hop count 1)",
         "excluded on the way: {'excluded': 1}",

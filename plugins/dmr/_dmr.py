@@ -41,6 +41,7 @@ class Dmr:
     def __init__(self, node: Node, settings: DmrSettings) -> None:
         settings.check(node.name, node.cluster)
         self.node = node
+        #: What it was started with.
         self.settings = settings
         self.node_name = node.name
         self.cluster = node.cluster

@@ -55,13 +55,18 @@ class Neighbour:
 
     def __init__(self, peer: Peer, vpn_name: str) -> None:
         self.peer = peer
+        #: Its node name.
         self.name = peer.name
         #: ``"internal"`` (same cluster) or ``"external"`` (a gateway of another cluster).
         self.kind = "external" if peer.external else "internal"
         #: The waiting queue of its guaranteed messages on this node.
         self.queue = QUEUE_PREFIX + peer.name
         self.endpoint = f"{vpn_name}/{self.queue}"
+        #: The link this node dialled to it: this node's messages go out over it, and
+        #: its advertisements come in.
         self.out: WireLink | None = None
+        #: The link it dialled to this node, while it is up: this node's advertisements
+        #: go out over it, and its messages come in.
         self.into: WireLink | None = None
         #: What it wants, by class (its last snapshot and the changes since).
         self.learned: dict[str, set[str]] = {c: set() for c in CLASSES}

@@ -92,7 +92,7 @@ async def test_shared_groups_are_exported_and_noexport_is_not(mesh: Mesh) -> Non
     await mesh.clock.settle()
     learned = dmr["n2"].neighbour("n1").learned
     assert learned["d"] == {"jobs/>"}
-    assert learned["g"] == {"orders/>"}
+    assert learned["g"] == {"orders/>", "#P2P/QUE/q"}  # and the queue's name
 
 
 async def test_links_from_unknown_peers_other_clusters_or_for_other_nodes_are_refused(
