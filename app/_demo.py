@@ -478,6 +478,76 @@ async def bridge_demo() -> None:
         )
 
 
+async def routing_demo() -> None:
+    from meshbus.plugins.dmr import DmrSettings, Peer, start_dmr
+    from meshbus.transports import MemoryNetwork, start_server
+
+    _say("Dynamic routing: two clusters, refcounted interest, one copy per link (SPEC 8)")
+    network = MemoryNetwork()
+    clusters = {"eu-1": "eu", "eu-2": "eu", "us-1": "us"}
+    nodes = {name: Node(name=name, cluster=cluster) for name, cluster in clusters.items()}
+    peers = {  # eu-2 and us-1 are their clusters' gateways
+        "eu-1": [("eu-2", None)],
+        "eu-2": [("eu-1", None), ("us-1", "us")],
+        "us-1": [("eu-2", "eu")],
+    }
+    async with nodes["eu-1"], nodes["eu-2"], nodes["us-1"]:
+        for node in nodes.values():
+            vpn = node.vpn()
+            vpn.add_client_profile(
+                attrs.evolve(vpn.client_profiles["default"], allow_bridge_connections=True)
+            )
+            await start_server(node, listener=network.listen(node.name))
+        routers = {}
+        for name, node in nodes.items():
+            settings = DmrSettings(
+                [
+                    Peer(peer, network.connectable(peer, source=name), cluster=cluster)
+                    for peer, cluster in peers[name]
+                ]
+            )
+            routers[name] = await start_dmr(node, settings, wait=False)
+        with anyio.fail_after(10):
+            for router in routers.values():
+                await router.wait_in_sync()
+        gateway = routers["us-1"].neighbour("eu-2")
+        before = gateway.adverts_in
+        desks = [nodes["eu-1"].connect(client_name=f"desk-{i}") for i in range(3)]
+        for desk in desks:
+            desk.subscribe("fx/eur-usd")
+        with anyio.fail_after(10):
+            while "fx/eur-usd" not in gateway.learned["d"]:
+                await anyio.sleep(0.005)
+        print(
+            f"3 desks on eu-1 subscribe fx/eur-usd: us-1 hears of it from eu-2 "
+            f"in {gateway.adverts_in - before} advertisement"
+        )
+        nodes["us-1"].connect(client_name="feed").publish("fx/eur-usd", b"1.0842")
+        with anyio.fail_after(10):
+            got = [await desk.receive() for desk in desks]
+        copies = [
+            routers[a].neighbour(b).out.statistics().forwarded  # type: ignore[union-attr]
+            for a, b in (("us-1", "eu-2"), ("eu-2", "eu-1"))
+        ]
+        print(
+            f"a price published on us-1 reaches {len(got)} desks: "
+            f"{copies[0]} copy us-1 -> eu-2, {copies[1]} copy eu-2 -> eu-1"
+        )
+        pricer = nodes["us-1"].connect(client_name="pricer")
+        pricer.subscribe("quote/request")
+        trader = nodes["eu-1"].connect(client_name="trader")
+        with anyio.fail_after(10):
+            while "quote/request" not in routers["eu-1"].neighbour("eu-2").learned["fd"]:
+                await anyio.sleep(0.005)
+            trader.subscribe("inbox/trader")
+            trader.publish("quote/request", b"EUR 1m", reply_to="inbox/trader")
+            request = await pricer.receive()
+            pricer.publish(request.reply_to or "", b"1.0843")
+            reply = await trader.receive()
+        print(f"a request from eu-1 answered on us-1: reply {reply.payload.decode()} routed back")
+        print(f"eu-1 is {routers['eu-1'].state}")
+
+
 async def spark_demo() -> None:
     _say("Spark: the bus feeds a streaming query, Spark writes back to the bus (SPEC 11)")
     try:
@@ -534,4 +604,5 @@ def main() -> None:
     anyio.run(remote_demo)
     anyio.run(mesh_demo)
     anyio.run(bridge_demo)
+    anyio.run(routing_demo)
     anyio.run(spark_demo)

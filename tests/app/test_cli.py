@@ -60,6 +60,11 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "plant reusing, hq in-sync; 1 connection between them" in out
     assert "hq board got alarms/press-3 = jammed; plant robot got commands/press-3 = stop" in out
     assert "from hq's queue (hop count 1); hq's queue holds 0" in out
+    # dynamic routing: two clusters through their gateways
+    assert "us-1 hears of it from eu-2 in 1 advertisement" in out
+    assert "reaches 3 desks: 1 copy us-1 -> eu-2, 1 copy eu-2 -> eu-1" in out
+    assert "answered on us-1: reply 1.0843 routed back" in out
+    assert "eu-1 is in-sync" in out
     # Spark: the bus feeds a streaming query into Parquet, Spark publishes back
     if shutil.which("java") is None:
         assert "skipped: Spark needs Java 17" in out
