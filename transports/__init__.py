@@ -14,6 +14,7 @@ from ._backoff import Backoff
 from ._client import RemoteSession, connect
 from ._config_tables import read_backoff_table, read_tls_table
 from ._dialing import ConnectSettings, Remote, Target
+from ._events import Advertise
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._link import WireLink, open_link
 from ._memory import MemoryListener, MemoryNetwork, MemoryStream
@@ -35,6 +36,7 @@ __all__ = [
     "MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
     "READ_HIGH_WATER",
+    "Advertise",
     "AsyncioTcpStream",
     "Backoff",
     "ConnectSettings",

@@ -530,7 +530,7 @@ async def test_node_statistics_of_a_management_user(node: Node, server: Server) 
         a.publish("nobody", b"y")
         await receive(b)
         stats = await a.node_statistics()
-    assert set(stats) == {"node", "totals", "vpns", "links", "listeners"}
+    assert set(stats) == {"node", "totals", "vpns", "links", "plugins", "listeners"}
     assert stats["links"] == {}  # no VPN has a link
     assert stats["node"] == "node"
     assert set(stats["vpns"]) == {"default"}
@@ -570,7 +570,8 @@ async def test_node_statistics_show_a_session_its_own_vpn_only(node: Node, serve
     async with connect(server.url, username="anyone") as anonymous:
         anonymous.publish("x", b"y")
         stats = await anonymous.node_statistics()
-    assert set(stats) == {"node", "vpns", "links"}
+    assert set(stats) == {"node", "vpns", "links", "plugins"}
+    assert stats["plugins"] == {}  # no plugin has figures of its own for this VPN
     assert stats["node"] == "node"
     assert list(stats["vpns"]) == ["default"]
     assert stats["links"] == {"default": {}}
