@@ -43,7 +43,7 @@ from ._interest import CLASSES, Change, InterestTable
 from ._neighbour import QUEUE_PREFIX, Neighbour
 
 if TYPE_CHECKING:
-    from meshbus.transports import _events as ev
+    from meshbus.transports import Advertise
 
     from ._dmr import Dmr
 
@@ -73,6 +73,9 @@ class Routing:
         self._cluster_queues: set[str] = set()
         self._gateway_queues: set[str] = set()
         self._replies: OrderedDict[str, tuple[Neighbour, float]] = OrderedDict()
+        #: Whether any neighbour is a gateway of another cluster (else the summary for
+        #: gateways is not kept: nobody would be told it).
+        self.gateway = False
         self.bad_adverts = 0
 
     # --- local interest: clients and endpoints -----------------------------------------
@@ -90,10 +93,12 @@ class Routing:
             return
         if delta > 0:
             self._tell_cluster(self.to_cluster.add(kind, topic_filter))
-            self._tell_gateways(self.to_gateways.add(kind, topic_filter))
+            if self.gateway:
+                self._tell_gateways(self.to_gateways.add(kind, topic_filter))
         else:
             self._tell_cluster(self.to_cluster.remove(kind, topic_filter))
-            self._tell_gateways(self.to_gateways.remove(kind, topic_filter))
+            if self.gateway:
+                self._tell_gateways(self.to_gateways.remove(kind, topic_filter))
 
     def endpoint_changed(self, endpoint: str, filters: tuple[str, ...]) -> None:
         """A local endpoint attracts ``filters`` now (its guaranteed interest)."""
@@ -112,12 +117,14 @@ class Routing:
                 self.local_changed("g", topic_filter, 1)
 
     def start(self, dmr: Dmr) -> None:
-        """Routing starts: build the summaries from what is wanted already."""
+        """Routing starts (its neighbours added): build the summaries from what is
+        wanted already."""
         self.dmr = dmr
         for (kind, topic_filter), n in self.local.items():
             for _ in range(n):
                 self.to_cluster.add(kind, topic_filter)
-                self.to_gateways.add(kind, topic_filter)
+                if self.gateway:
+                    self.to_gateways.add(kind, topic_filter)
 
     # --- telling neighbours ------------------------------------------------------------
 
@@ -196,7 +203,7 @@ class Routing:
 
     # --- what neighbours tell this node -----------------------------------------------
 
-    def advertised(self, neighbour: Neighbour, link: WireLink, event: ev.Advertise) -> None:
+    def advertised(self, neighbour: Neighbour, link: WireLink, event: Advertise) -> None:
         """An ADVERTISE from ``neighbour`` over ``link`` (gaps already dealt with)."""
         if event.resync:  # it asks this node to start over
             if link is neighbour.into:
@@ -240,15 +247,22 @@ class Routing:
         self, neighbour: Neighbour, kind: str, add: Iterable[str], remove: Iterable[str]
     ) -> None:
         learned = neighbour.learned[kind]
-        added = [f for f in add if f not in learned and _valid(f)]
         removed = [f for f in remove if f in learned]
-        learned.update(added)
         learned.difference_update(removed)
-        self._apply_link_interest(neighbour, added, removed)
+        added = [f for f in add if f not in learned]
+        learned.update(added)
+        # Judged where they are used (the link's interest, the waiting queue's
+        # subscriptions); what either refuses is forgotten, counted and logged.
+        refused = self._apply_link_interest(neighbour, added, removed)
         if kind in ("g", "fg"):
-            self._apply_queue(neighbour, added, removed)
+            refused |= self._apply_queue(neighbour, added, removed)
+        if refused:
+            learned.difference_update(refused)
+            added = [f for f in added if f not in refused]
         if kind in _FOREIGN:  # passed on: a node's own interest
             if neighbour.kind == "internal":
+                if not self.gateway:
+                    return
                 # ... to the other clusters (its cluster's aggregate).
                 self._tell_gateways(
                     _combine(
@@ -268,43 +282,57 @@ class Routing:
 
     def _apply_link_interest(
         self, neighbour: Neighbour, added: Iterable[str], removed: Iterable[str]
-    ) -> None:
+    ) -> set[str]:
+        """Add and remove filters of :attr:`Neighbour.out`'s interest; return those it
+        refused."""
+        refused: set[str] = set()
         out = neighbour.out
         if out is None:
-            return
+            return refused
+        add = out.add_interest
         for topic_filter in added:
-            if topic_filter.startswith("#"):
-                continue  # a queue's name: what is sent to it goes by the waiting queue
             try:
-                out.add_interest(topic_filter)
-            except MeshbusError as exc:
+                if topic_filter.startswith("#"):
+                    # A queue's name: what is sent to it goes by the waiting queue.
+                    validate_queue_topic(topic_filter)
+                else:
+                    add(topic_filter)
+            except (MeshbusError, TypeError, AttributeError) as exc:
+                refused.add(topic_filter)
                 self.bad_adverts += 1
                 log.warning("dmr: %s wants %r: %s", neighbour.name, topic_filter, exc)
         for topic_filter in removed:
             if not neighbour.wants(topic_filter) and not topic_filter.startswith("#"):
                 out.remove_interest(topic_filter)
+        return refused
 
     def _apply_queue(
         self, neighbour: Neighbour, added: Iterable[str], removed: Iterable[str]
-    ) -> None:
+    ) -> set[str]:
+        """Follow the guaranteed interest with the waiting queue's subscriptions; return
+        the filters it refused."""
+        refused: set[str] = set()
         guaranteed = self.vpn.node.guaranteed
         if guaranteed is None:
-            return
+            return refused
         for topic_filter in added:
             try:
                 guaranteed.add_subscription(neighbour.queue, topic_filter, vpn=self.vpn.name)
             except MeshbusError as exc:
+                refused.add(topic_filter)
                 log.warning(
                     "dmr: queue for %s cannot take %r: %s", neighbour.name, topic_filter, exc
                 )
         for topic_filter in removed:
             if not neighbour.wants_guaranteed(topic_filter):
                 guaranteed.remove_subscription(neighbour.queue, topic_filter, vpn=self.vpn.name)
+        return refused
 
     # --- neighbours' links ---------------------------------------------------------------
 
     def add_neighbour(self, neighbour: Neighbour) -> None:
         self.neighbours[neighbour.name] = neighbour
+        self.gateway = self.gateway or neighbour.kind == "external"
         (self._cluster_queues if neighbour.kind == "internal" else self._gateway_queues).add(
             neighbour.endpoint
         )

@@ -105,3 +105,16 @@ async def test_stats_links_shows_the_links_and_the_neighbours(mesh: Mesh) -> Non
     assert "routing in VPN default: node n2 of cluster c1, in-sync" in text
     (row,) = [line for line in lines if line.startswith("n1 ")]
     assert row.split() == ["n1", "internal", "in-sync", "1", "0", "0"]
+
+
+async def test_a_filter_the_link_refuses_is_forgotten_and_counted(mesh: Mesh) -> None:
+    _, dmr = await start_mesh(mesh, THREE)
+    into = dmr["n1"].neighbour("n2").into
+    assert into is not None
+    into.advertise(["ok/>", "bad\x00nul", "#reserved"])  # as a peer gone wrong might
+    await mesh.clock.settle()
+    assert dmr["n2"].neighbour("n1").learned["d"] == {"ok/>"}
+    out = dmr["n2"].neighbour("n1").out
+    assert out is not None
+    assert out.interest == ("ok/>",)
+    assert dmr["n2"].statistics()["vpns"]["default"]["bad_advertisements"] == 2
