@@ -58,6 +58,16 @@ class Remote:
     """What to trust and the certificate to show there."""
     compression: bool | None = None
     """Whether to ask that node to compress the connection."""
+    window: int | None = attrs.field(default=None)
+    """For a link: the guaranteed messages in flight on each flow it binds there (to
+    the queues it pulls), instead of the flow's own window."""
+
+    @window.validator
+    def _window(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65_535
+        ):
+            raise ConfigurationError(f"window must be an int from 1 to 65535, got {value!r}")
 
     @target.validator
     def _target(self, attribute: attrs.Attribute[Any], value: object) -> None:

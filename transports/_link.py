@@ -203,6 +203,10 @@ class WireLink(Link):
         self.peer_login: ev.LinkLogin | None = peer_login
         #: Guaranteed messages spooled here from the peer's queues.
         self.pulled = 0
+        #: The window the target it is connected to asks for (a
+        #: :class:`~meshbus.transports.Remote`'s ``window``), which replaces each
+        #: pull's own; ``None``: each pull's.
+        self.remote_window: int | None = None
         #: What ended the last connection, when it failed (a ``ProtocolError``: the
         #: peer broke the protocol).
         self.error: MeshbusError | None = None
@@ -714,7 +718,7 @@ class WireLink(Link):
         await self._bind_answer(queue, window)()
 
     def _bind_answer(self, queue: str, window: int) -> Callable[[], Any]:
-        answer = self._request(K.BIND, {"queue": queue, "window": window})
+        answer = self._request(K.BIND, {"queue": queue, "window": self.remote_window or window})
 
         def bound(result: dict[str, Any]) -> None:
             # Now, as the OK is read: the flow's first messages may be next in the read.

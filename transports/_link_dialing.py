@@ -22,7 +22,7 @@ from meshbus.errors import AccessDeniedError, ProtocolError, StateError, Transpo
 
 from . import _events as ev
 from ._connection import Connection
-from ._dialing import Dialer
+from ._dialing import Dialer, Remote
 
 if TYPE_CHECKING:
     from ._link import WireLink
@@ -79,6 +79,8 @@ async def dial(link: WireLink) -> None:
                         with anyio.CancelScope(shield=True):
                             await connection.aclose()
                         continue
+                target = settings.targets[dialer.index]
+                link.remote_window = target.window if isinstance(target, Remote) else None
                 up_since = node.clock.monotonic()
                 try:
                     async with anyio.create_task_group() as tg:

@@ -61,7 +61,9 @@ def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, .
                     url = None
             remotes.append(url)
             continue
-        if not reader.keys(item, at, ("url", "username", "password", "tls", "compression")):
+        if not reader.keys(
+            item, at, ("url", "username", "password", "tls", "compression", "window")
+        ):
             remotes.append(None)
             continue
         url = item.get("url")
@@ -70,7 +72,12 @@ def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, .
             remotes.append(None)
             continue
         values: dict[str, Any] = {}
-        for key, hint in (("username", str), ("password", str), ("compression", bool)):
+        for key, hint in (
+            ("username", str),
+            ("password", str),
+            ("compression", bool),
+            ("window", int),
+        ):
             if key in item:
                 values[key] = reader.value(item[key], hint, reader.join(at, key))
         if "tls" in item:

@@ -619,6 +619,28 @@ async def test_each_remote_logs_in_with_its_own_credentials(mesh: Mesh) -> None:
     assert plain.state is LinkState.BACKOFF
 
 
+async def test_each_remote_may_have_its_own_window(mesh: Mesh) -> None:
+    local, near, far = [await mesh.start(n) for n in ("local", "near", "far")]
+    for node in (near, far):
+        node.guaranteed.create_queue("Q")  # type: ignore[union-attr]
+    remotes = [
+        Remote(mesh.network.connectable("near", source="local"), window=3),
+        mesh.network.connectable("far", source="local"),  # the bridge's own window
+    ]
+    bridge = open_bridge(local.vpn(), BridgeSettings("w", remotes=remotes, queues=["Q"], window=50))
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    (flow,) = near.guaranteed.queue("Q").flows  # type: ignore[union-attr]
+    assert flow.window == 3
+    mesh.network.partition("local", "near")
+    await mesh.clock.wait_for(
+        lambda: bridge.link.peer_node == "far" and bridge.state is LinkState.IN_SYNC, within=60
+    )
+    (flow,) = far.guaranteed.queue("Q").flows  # type: ignore[union-attr]
+    assert flow.window == 50
+    with pytest.raises(ConfigurationError, match="window must be an int from 1 to 65535"):
+        Remote("tcp://x:1", window=0)
+
+
 async def test_a_same_node_bridge_drains_several_queues_and_stops(mesh: Mesh) -> None:
     node = await mesh.start("solo")
     node.create_vpn("office")

@@ -131,7 +131,7 @@ def test_outside_a_destination_a_placeholder_must_name_the_environment(tmp_path:
 
 SECOND = (
     '{ url = "tls://cloud-2:55443", username = "plant-7b", password = "pw", '
-    "compression = true, tls = { check_hostname = false } }"
+    "compression = true, window = 16, tls = { check_hostname = false } }"
 )
 REMOTES = f"""
 [vpns.default]
@@ -153,6 +153,7 @@ def test_a_remote_may_have_login_settings_of_its_own(tmp_path: Path) -> None:
         username="plant-7b",
         password="pw",
         compression=True,
+        window=16,
         tls=TlsSettings(check_hostname=False),
     )
 
@@ -169,7 +170,8 @@ def test_every_mistake_of_a_remote_is_listed(tmp_path: Path) -> None:
     assert problems[:3] == [
         f"{at}[0]: expected a string, got integer 5",
         f"{at}[1].url: every remote table needs a url (a string)",
-        f"{at}[2].colour: unknown key (expected one of: url, username, password, tls, compression)",
+        f"{at}[2].colour: unknown key (expected one of: url, username, password, tls, "
+        "compression, window)",
     ]
     assert problems[3].startswith(f"{at}[3]: ")
     assert "nope" in problems[3]
