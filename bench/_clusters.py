@@ -62,6 +62,23 @@ def _routez(monitor: int) -> dict[str, Any]:
         return dict(json.load(answer))
 
 
+def route_ready(monitor: int) -> Callable[[str], None]:
+    """A ``Setup.ready``: wait until the server monitored on ``monitor`` has a route
+    carrying the subscription of ``role`` (the far client subscribed)."""
+
+    def ready(role: str) -> None:
+        subject = NATS_SUBJECTS[role]
+        wait_until(
+            lambda: any(
+                subject in (route.get("subscriptions_list") or ())
+                for route in _routez(monitor)["routes"]
+            ),
+            f"route subscription {subject} at the first server",
+        )
+
+    return ready
+
+
 def wait_until(done: Callable[[], bool], what: str, timeout: float = READY_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -80,18 +97,9 @@ def nats_route(work: Path) -> Iterator[Setup]:
         with second:
             _peers.wait_port(port_b, second)
             wait_until(lambda: _routez(monitor_a)["num_routes"] > 0, "route between the servers")
-
-            def ready(role: str) -> None:
-                subject = NATS_SUBJECTS[role]
-                wait_until(
-                    lambda: any(
-                        subject in (route.get("subscriptions_list") or ())
-                        for route in _routez(monitor_a)["routes"]
-                    ),
-                    f"route subscription {subject} at the first server",
-                )
-
-            yield Setup(f"nats://{HOST}:{port_a}", f"nats://{HOST}:{port_b}", ready)
+            yield Setup(
+                f"nats://{HOST}:{port_a}", f"nats://{HOST}:{port_b}", route_ready(monitor_a)
+            )
 
 
 def _leafz(monitor: int) -> dict[str, Any]:

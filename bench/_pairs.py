@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import _peers
 import transport
@@ -151,6 +152,42 @@ def run_pairs(
             tput[pair.name, topology].rates.append(t.rate)
             tput[pair.name, topology].lost += t.expected - t.received
     return rtt, tput, failed
+
+
+@dataclass
+class Measured:
+    """What :func:`measure_pairs` found: each pair's figures, and those derived from
+    them that every report prints."""
+
+    rtt: Figures
+    tput: Figures
+    failed: dict[str, str]
+    ok: list[Pair]
+    hops: dict[str, float]
+    """Added round-trip p50 per hop (half the linked round trip's excess), in us."""
+    rates: dict[str, float]
+    """Linked throughput, msg/s."""
+    shares: dict[str, float]
+    """Linked throughput over single throughput."""
+
+
+def measure_pairs(work: Path, pairs: list[Pair], args: Any, say: Any, prefix: str) -> Measured:
+    """:func:`run_pairs` with ``args.rounds``, ``args.requests`` and ``args.messages``;
+    each failure said as ``{prefix} {name}: {why}``; then the hop latency, linked rate
+    and share of each pair that ran."""
+    rtt, tput, failed = run_pairs(work, pairs, args.rounds, args.requests, args.messages)
+    for name, why in failed.items():
+        say(f"{prefix} {name}: {why}")
+    ok = [p for p in pairs if p.name not in failed]
+    return Measured(
+        rtt,
+        tput,
+        failed,
+        ok,
+        hops={p.name: (rtt[p.name, "linked"].p50 - rtt[p.name, "single"].p50) / 2 for p in ok},
+        rates={p.name: tput[p.name, "linked"].rate for p in ok},
+        shares={p.name: tput[p.name, "linked"].rate / tput[p.name, "single"].rate for p in ok},
+    )
 
 
 def peers_line() -> str:

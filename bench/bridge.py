@@ -90,10 +90,10 @@ from _pairs import (
     Pair,
     available_pairs,
     exit_on_sigterm,
+    measure_pairs,
     need_mosquitto,
     need_nats,
     peers_line,
-    run_pairs,
 )
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError, say_result
 from transport import failure, say
@@ -245,13 +245,9 @@ def direct_phase(work: Path, args: argparse.Namespace) -> None:
     pairs = available_pairs(PAIRS, args.only, "bridge direct")
     if not pairs:
         return
-    rtt, tput, failed = run_pairs(work, pairs, args.rounds, args.requests, args.messages)
-    for name, why in failed.items():
-        say(f"bridge direct {name}: {why}")
-    ok = [p for p in pairs if p.name not in failed]
-    hops = {p.name: (rtt[p.name, "linked"].p50 - rtt[p.name, "single"].p50) / 2 for p in ok}
-    rates = {p.name: tput[p.name, "linked"].rate for p in ok}
-    shares = {p.name: rates[p.name] / tput[p.name, "single"].rate for p in ok}
+    found = measure_pairs(work, pairs, args, say, "bridge direct")
+    rtt, tput, ok = found.rtt, found.tput, found.ok
+    hops, rates, shares = found.hops, found.rates, found.shares
     label = {p.name: f"{p.name} {p.hop}" for p in ok}
     for pair in ok:
         name = pair.name

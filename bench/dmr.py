@@ -85,9 +85,17 @@ from typing import Any
 
 import _peers
 import anyio
-from _clusters import NATS_SUBJECTS, Setup, _nats_server, _routez, nats_single, nothing, wait_until
+from _clusters import (
+    Setup,
+    _nats_server,
+    _routez,
+    nats_single,
+    nothing,
+    route_ready,
+    wait_until,
+)
 from _harness import verdict
-from _pairs import Pair, available_pairs, exit_on_sigterm, need_nats, peers_line, run_pairs
+from _pairs import Pair, available_pairs, exit_on_sigterm, measure_pairs, need_nats, peers_line
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError
 from transport import RoundTrips, failure, say
 
@@ -221,17 +229,9 @@ def nats_cluster(work: Path) -> Iterator[Setup]:
                         "a full mesh of routes",
                     )
 
-                def ready(role: str) -> None:
-                    subject = NATS_SUBJECTS[role]
-                    wait_until(
-                        lambda: any(
-                            subject in (route.get("subscriptions_list") or ())
-                            for route in _routez(monitor_a)["routes"]
-                        ),
-                        f"route subscription {subject} at the first server",
-                    )
-
-                yield Setup(f"nats://{HOST}:{port_a}", f"nats://{HOST}:{port_b}", ready)
+                yield Setup(
+                    f"nats://{HOST}:{port_a}", f"nats://{HOST}:{port_b}", route_ready(monitor_a)
+                )
 
 
 PAIRS = [
@@ -252,13 +252,9 @@ def cluster_phase(work: Path, args: argparse.Namespace) -> None:
     pairs = available_pairs(PAIRS, args.contenders, "dmr cluster")
     if not pairs:
         return
-    rtt, tput, failed = run_pairs(work, pairs, args.rounds, args.requests, args.messages)
-    for name, why in failed.items():
-        say(f"dmr cluster {name}: {why}")
-    ok = [p for p in pairs if p.name not in failed]
-    hops = {p.name: (rtt[p.name, "linked"].p50 - rtt[p.name, "single"].p50) / 2 for p in ok}
-    rates = {p.name: tput[p.name, "linked"].rate for p in ok}
-    shares = {p.name: rates[p.name] / tput[p.name, "single"].rate for p in ok}
+    found = measure_pairs(work, pairs, args, say, "dmr cluster")
+    rtt, tput, failed, ok = found.rtt, found.tput, found.failed, found.ok
+    hops, rates, shares = found.hops, found.rates, found.shares
     if "nats" not in args.contenders:
         nats_missing = "the nats cluster not run (--only)"
     elif "nats" in failed:
