@@ -77,6 +77,9 @@ class Neighbour:
         #: Reply-to topics routed to it (requests from it came with them).
         self.replies: set[str] = set()
         self.node_id: str | None = None
+        #: Why routing with it stopped (a configuration conflict found at run time), or
+        #: ``None`` while it goes on.
+        self.refused: str | None = None
         # Counters of the control plane, both ways.
         self.adverts_in = 0
         self.adverts_out = 0
@@ -107,7 +110,7 @@ class Neighbour:
     def settled(self) -> bool:
         """Whether nothing is awaited from it: its interest is here, or it could not be
         reached (a neighbour not tried yet is awaited)."""
-        if self.synced:
+        if self.synced or self.refused:
             return True
         out = self.out
         if out is None or out.state in (LinkState.SYNCING, LinkState.IN_SYNC):
@@ -132,6 +135,7 @@ class Neighbour:
             "kind": self.kind,
             "state": self.state,
             "node_id": self.node_id,
+            "refused": self.refused,
             "interest": {c: len(f) for c, f in self.learned.items() if f},
             "replies": len(self.replies),
             "control": {

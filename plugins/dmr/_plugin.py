@@ -77,6 +77,8 @@ def meshbus_accept_link(
     neighbour = routing.neighbours.get(source)
     if neighbour is None:
         _refuse(user, f"unknown peer {source!r}: not among node {dmr.node_name!r}'s peers")
+    if neighbour.refused:
+        _refuse(user, neighbour.refused)
     if neighbour.kind != kind:
         _refuse(user, f"peer {source!r} is configured for an {neighbour.kind} link, not {kind}")
     expected = dmr.cluster if kind == "internal" else neighbour.peer.cluster

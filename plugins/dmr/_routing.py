@@ -77,6 +77,9 @@ class Routing:
         #: gateways is not kept: nobody would be told it).
         self.gateway = False
         self.bad_adverts = 0
+        #: Configuration conflicts found while running (two external links between the
+        #: same two clusters), as said in the logs.
+        self.conflicts: list[str] = []
 
     # --- local interest: clients and endpoints -----------------------------------------
 
@@ -177,9 +180,13 @@ class Routing:
         if not frames:
             frames.append(("d", []))
         neighbour.snapshots_out += 1
+        # The clusters this node links to, for the cluster's other gateways to check
+        # that no two of them link to the same cluster.
+        gateways = self.linked_clusters if neighbour.kind == "internal" else {}
         last = len(frames) - 1
         for i, (kind, filters) in enumerate(frames):
-            self._send(neighbour, link, filters, [], kind, i == 0, i < last)
+            extra = {"gw": gateways} if i == 0 and gateways else None
+            self._send(neighbour, link, filters, [], kind, i == 0, i < last, extra)
 
     def _send(
         self,
@@ -190,8 +197,9 @@ class Routing:
         kind: str,
         snapshot: bool,
         more: bool,
+        extra: dict[str, Any] | None = None,
     ) -> None:
-        data: dict[str, Any] = {}
+        data: dict[str, Any] = dict(extra or {})
         if kind != "d":
             data["c"] = kind
         if more:
@@ -225,6 +233,12 @@ class Routing:
         if event.snapshot:
             neighbour.synced = False
             neighbour.receiving = {c: set() for c in CLASSES}
+            if neighbour.kind == "internal":
+                linked = event.data.get("gw", {})
+                if isinstance(linked, dict) and all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in linked.items()
+                ):
+                    self._check_gateways(neighbour, linked)
         receiving = neighbour.receiving
         if receiving is not None:
             receiving[kind].update(event.add)
@@ -327,6 +341,54 @@ class Routing:
             if not neighbour.wants_guaranteed(topic_filter):
                 guaranteed.remove_subscription(neighbour.queue, topic_filter, vpn=self.vpn.name)
         return refused
+
+    # --- at most one external link between two clusters ----------------------------------
+
+    @property
+    def linked_clusters(self) -> dict[str, str]:
+        """The other clusters this node links to (its external links still in use), each
+        with the gateway it links to there."""
+        return {
+            n.peer.cluster: n.name
+            for n in self.neighbours.values()
+            if n.peer.cluster is not None and not n.refused
+        }
+
+    def _check_gateways(self, neighbour: Neighbour, linked: dict[str, str]) -> None:
+        """``neighbour``, a node of this cluster, links to the clusters of ``linked``
+        (each through the gateway named there): if it links to one this node links to
+        too, the two clusters are joined twice (SPEC 8 allows one link). Each link is
+        named by its two gateways, sorted; the one whose name sorts last is given up,
+        which the gateways of both clusters decide alike."""
+        me = self.dmr.node_name if self.dmr is not None else ""
+        mine = self.linked_clusters
+        for cluster in sorted(linked.keys() & mine.keys()):
+            ours = tuple(sorted((me, mine[cluster])))
+            theirs = tuple(sorted((neighbour.name, linked[cluster])))
+            if ours == theirs:
+                continue
+            kept = min(ours, theirs)
+            why = (
+                f"a second external link between clusters "
+                f"{self.dmr.cluster if self.dmr else '?'!r} and {cluster!r}: "
+                f"{ours[0]}-{ours[1]} and {theirs[0]}-{theirs[1]}; only "
+                f"{kept[0]}-{kept[1]} is used"
+            )
+            log.error("dmr: %s", why)
+            self.conflicts.append(why)
+            if ours != kept:
+                for gateway in [n for n in self.neighbours.values() if n.peer.cluster == cluster]:
+                    self.refuse(gateway, why)
+
+    def refuse(self, neighbour: Neighbour, why: str) -> None:
+        """Stop routing with ``neighbour``: forget what it wanted, stop the link to it and
+        refuse the one it dials from now on (``why`` says so to it and in the logs)."""
+        neighbour.refused = why
+        self._replace(neighbour, {c: set() for c in CLASSES})
+        if neighbour.out is not None:
+            neighbour.out.stop(why)
+        if neighbour.into is not None:
+            neighbour.into.stop(why)
 
     # --- neighbours' links ---------------------------------------------------------------
 
@@ -444,6 +506,7 @@ class Routing:
             "advertised_to_gateways": self.to_gateways.advertised_count,
             "reply_routes": len(self._replies),
             "bad_advertisements": self.bad_adverts,
+            "conflicts": list(self.conflicts),
             "neighbours": {n: nb.statistics() for n, nb in sorted(self.neighbours.items())},
         }
 

@@ -87,3 +87,26 @@ async def test_a_gateway_passes_the_clusters_interest_not_another_clusters(mesh:
     # A learns C's interest (a2 passes it into A as foreign) but never tells B.
     assert "c/only" in dmr["a1"].neighbour("a2").learned["fd"]
     assert "c/only" not in dmr["b1"].neighbour("a2").learned["d"]
+
+
+async def test_two_external_links_between_two_clusters_leave_one(mesh: Mesh) -> None:
+    """Each gateway's settings are valid alone, but A and B are joined twice (a1-b2 and
+    a2-b1): the gateways find it out from each other and both clusters drop the same
+    link, the one whose gateway names sort last (a2-b1)."""
+    layout = {"A": ["a1", "a2"], "B": ["b1", "b2"]}
+    nodes, dmr = await start_mesh(mesh, layout, [("a1", "b2"), ("a2", "b1")])
+    for name, far in (("a2", "b1"), ("b1", "a2")):
+        refused = dmr[name].neighbour(far).refused
+        assert refused is not None
+        assert "a second external link between clusters" in refused
+        assert "only a1-b2 is used" in refused
+    for name, far in (("a1", "b2"), ("b2", "a1")):
+        assert dmr[name].neighbour(far).refused is None
+    assert dmr["a2"].statistics()["vpns"]["default"]["conflicts"]
+    subscriber = nodes["b1"].connect()
+    subscriber.subscribe("t")
+    await mesh.clock.settle()
+    nodes["a2"].connect().publish("t", b"once")
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(subscriber)] == [b"once"]
+    assert data_out(dmr["a1"], "b2") == 1
