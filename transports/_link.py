@@ -58,6 +58,7 @@ from ._codec import (
 from ._connection import Connection, unwrap_errors
 from ._dialing import ConnectSettings
 from ._framing import FrameKind
+from ._link_adverts import Advertising
 from ._link_dialing import dial
 from ._link_sends import link_send_header, sent_message
 from ._protocol import ConnectionState
@@ -112,7 +113,7 @@ class _Pull:
         self.arrived = anyio.Event()
 
 
-class WireLink(Link):
+class WireLink(Advertising, Link):
     """A link to a VPN of another node, over one connection at a time.
 
     Make one with :func:`open_link` (this node dials) or let a listener accept one.
@@ -211,6 +212,7 @@ class WireLink(Link):
         #: peer broke the protocol).
         self.error: MeshbusError | None = None
         self._send_bytes = 0
+        self._bytes = [0, 0]  # sent and received over the connections that ended
 
     # --- what this side asks of the peer ------------------------------------------------
 
@@ -270,39 +272,6 @@ class WireLink(Link):
         await answer.done.wait()
         if answer.error is not None:
             raise answer.error
-
-    def advertise(
-        self,
-        add: Iterable[str] = (),
-        remove: Iterable[str] = (),
-        *,
-        snapshot: bool = False,
-        data: dict[str, Any] | None = None,
-    ) -> bool:
-        """Send an ADVERTISE; a ``snapshot`` starts a new epoch. Return ``False`` when the
-        link is down (the next connection starts with a snapshot: send one then)."""
-        if self._connection is None:
-            return False
-        if snapshot:
-            self._my_epoch = self.vpn.node.next_origin_id()
-            self._my_seq = 0
-        else:
-            self._my_seq += 1
-        event = ev.Advertise(
-            self._my_epoch,
-            self._my_seq,
-            snapshot,
-            tuple(add),
-            tuple(remove),
-            False,
-            None,
-            data or {},
-        )
-        try:
-            self._control_frame(K.ADVERTISE, event.encode())
-        except ProtocolError:  # closing: the next connection starts with a snapshot
-            return False
-        return True
 
     # --- messages to the peer -----------------------------------------------------------
 
@@ -476,7 +445,24 @@ class WireLink(Link):
                 await connection.send_close(f"link closed: {reason}")
         return reason
 
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes written to the peer over all of the link's connections (frames of
+        every kind, after compression)."""
+        connection = self._connection
+        return self._bytes[0] + (connection.protocol.bytes_sent if connection else 0)
+
+    @property
+    def bytes_received(self) -> int:
+        """Bytes read from the peer over all of the link's connections."""
+        connection = self._connection
+        return self._bytes[1] + (connection.protocol.bytes_received if connection else 0)
+
     def _disconnected(self, reason: str) -> None:
+        connection = self._connection
+        if connection is not None:
+            self._bytes[0] += connection.protocol.bytes_sent
+            self._bytes[1] += connection.protocol.bytes_received
         self._connection = None
         self._tg = None
         if self._served is not None:
@@ -824,35 +810,6 @@ class WireLink(Link):
                     self._send_bytes -= len(payload)
                 self._sends_room.set()
                 self._wake.set()
-
-    # --- advertisements ------------------------------------------------------------------
-
-    def _advertise_received(self, event: ev.Advertise) -> None:
-        if event.resync:
-            self._hand_over(event)
-            return
-        last = self._advertised
-        if event.snapshot:
-            self._advertised = (event.epoch, event.seq)
-            self._resync_asked = False
-        elif last is None or last[0] != event.epoch or event.seq != last[1] + 1:
-            # A gap: ignore what follows until the snapshot asked for (once) arrives.
-            self.count_drop("advertise_gap")
-            if last is not None or not self._resync_asked:
-                self._resync_asked = True
-                self._control_frame(
-                    K.ADVERTISE, ev.Advertise(0, 0, False, (), (), True, None, {}).encode()
-                )
-            self._advertised = None
-            return
-        else:
-            self._advertised = (event.epoch, event.seq)
-        self._hand_over(event)
-
-    def _hand_over(self, event: ev.Advertise) -> None:
-        handler = self.on_advertise
-        if handler is not None:
-            handler(self, event)
 
 
 def open_link(
