@@ -154,6 +154,8 @@ class Neighbour:
             data["out"] = {
                 "state": s.state.value,
                 "messages": s.forwarded,
+                "bytes_out": out.bytes_sent,
+                "bytes_in": out.bytes_received,
                 "failures": s.forward_failures,
                 "dropped": dict(s.dropped),
                 "connects": s.connects,
@@ -163,6 +165,8 @@ class Neighbour:
             data["in"] = {
                 "state": s.state.value,
                 "messages": s.received,
+                "bytes_out": into.bytes_sent,
+                "bytes_in": into.bytes_received,
                 "pulled": into.pulled,
                 "dropped": dict(s.dropped),
             }

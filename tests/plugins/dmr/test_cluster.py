@@ -118,3 +118,19 @@ async def test_a_filter_the_link_refuses_is_forgotten_and_counted(mesh: Mesh) ->
     assert out is not None
     assert out.interest == ("ok/>",)
     assert dmr["n2"].statistics()["vpns"]["default"]["bad_advertisements"] == 2
+
+
+async def test_each_link_counts_the_bytes_both_ways(mesh: Mesh) -> None:
+    nodes, dmr = await start_mesh(mesh, THREE)
+    reader = nodes["n2"].connect()
+    reader.subscribe("big")
+    await mesh.clock.settle()
+    out = dmr["n1"].neighbour("n2").statistics()["out"]
+    before = out["bytes_out"]
+    nodes["n1"].connect().publish("big", b"x" * 10_000)
+    await mesh.clock.settle()
+    after = dmr["n1"].neighbour("n2").statistics()
+    assert after["out"]["bytes_out"] - before >= 10_000
+    assert after["out"]["bytes_in"] > 0  # n2's advertisements
+    into = dmr["n2"].neighbour("n1").statistics()["in"]
+    assert into["bytes_in"] >= 10_000
