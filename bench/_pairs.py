@@ -190,6 +190,15 @@ def measure_pairs(work: Path, pairs: list[Pair], args: Any, say: Any, prefix: st
     )
 
 
+def say_runs(say: Any, prefix: str, rtt: Figures, tput: Figures) -> None:
+    """Each run's figure of every contender, one line per contender (``-v``)."""
+    for c in (*rtt.values(), *tput.values()):
+        figures = [f"{r.p50:,.0f}" for r in c.rtts] or [f"{x:,.0f}" for x in c.rates]
+        if figures:
+            unit = "us p50" if c.rtts else "msg/s"
+            say(f"  {prefix} {c.label}: {' '.join(figures)} {unit}")
+
+
 def peers_line() -> str:
     """The ``# peers:`` line of a report: the peers' versions and this machine's."""
     nats = _peers.nats_server_path()

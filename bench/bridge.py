@@ -94,6 +94,7 @@ from _pairs import (
     need_mosquitto,
     need_nats,
     peers_line,
+    say_runs,
 )
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError, say_result
 from transport import failure, say
@@ -279,11 +280,7 @@ def direct_phase(work: Path, args: argparse.Namespace) -> None:
             f"broker; p99 {linked.p99:,.0f} / {single.p99:,.0f} us; {pair.clients})"
         )
     if args.verbose:
-        for c in (*rtt.values(), *tput.values()):
-            figures = [f"{r.p50:,.0f}" for r in c.rtts] or [f"{x:,.0f}" for x in c.rates]
-            if figures:
-                unit = "us p50" if c.rtts else "msg/s"
-                say(f"  direct {c.label}: {' '.join(figures)} {unit}")
+        say_runs(say, "direct", rtt, tput)
 
 
 # --- guaranteed messages ---------------------------------------------------------------------

@@ -95,7 +95,15 @@ from _clusters import (
     wait_until,
 )
 from _harness import verdict
-from _pairs import Pair, available_pairs, exit_on_sigterm, measure_pairs, need_nats, peers_line
+from _pairs import (
+    Pair,
+    available_pairs,
+    exit_on_sigterm,
+    measure_pairs,
+    need_nats,
+    peers_line,
+    say_runs,
+)
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError
 from transport import RoundTrips, failure, say
 
@@ -304,11 +312,7 @@ def cluster_phase(work: Path, args: argparse.Namespace) -> None:
             f"{single.p99:,.0f} us; {pair.clients})"
         )
     if args.verbose:
-        for c in (*rtt.values(), *tput.values()):
-            figures = [f"{r.p50:,.0f}" for r in c.rtts] or [f"{x:,.0f}" for x in c.rates]
-            if figures:
-                unit = "us p50" if c.rtts else "msg/s"
-                say(f"  cluster {c.label}: {' '.join(figures)} {unit}")
+        say_runs(say, "cluster", rtt, tput)
 
 
 # --- phase 2: interest visible on the far node ---------------------------------------------------

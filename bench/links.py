@@ -99,6 +99,7 @@ from _pairs import (
     need_nats,
     peers_line,
     run_pairs,
+    say_runs,
 )
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child
 from transport import (
@@ -451,12 +452,7 @@ def report_tcp(
             + ")"
         )
     if args.verbose:
-        for c in (*rtt.values(), *tput.values()):
-            if not c.rtts and not c.rates:
-                continue
-            figures = [f"{r.p50:,.0f}" for r in c.rtts] or [f"{x:,.0f}" for x in c.rates]
-            unit = "us p50" if c.rtts else "msg/s"
-            say(f"  tcp {c.label}: {' '.join(figures)} {unit}")
+        say_runs(say, "tcp", rtt, tput)
 
 
 PAIR_HOPS = {pair.name: pair.hop for pair in PAIRS}
