@@ -783,6 +783,8 @@ def restamped(message: Message, origin: tuple[str, int] | None, hop_count: int) 
         origin,
         hop_count,
         o.expires_at,
+        o.retain,
+        o.retained,
         o.size,
     )
     # Slot by slot (not make_message): it runs for every message crossing a link, and

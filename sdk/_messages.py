@@ -103,6 +103,11 @@ class MessageOptions:
     expires_at: float | None = None
     """When it expires on this node's clock (``clock.time()`` seconds), or ``None``; on the
     wire it travels as the time left, so nodes need not agree on the time."""
+    retain: bool = False
+    """Published to be kept as its topic's last value (SPEC 12); live subscribers see the
+    flag as published (an MQTT listener clears it unless retain-as-published)."""
+    retained: bool = False
+    """This delivery is a topic's kept last value, sent because a subscription is new."""
     size: int = attrs.field(default=0, eq=False, repr=False)
     """Bytes of memory the headers, reply-to and correlation id take, as estimated when
     the message came in (0 without them); part of :attr:`Message.size`. Derived from
@@ -359,6 +364,8 @@ class Message:
         origin: tuple[str, int] | None = None,
         hop_count: int = 0,
         expires_at: float | None = None,
+        retain: bool = False,
+        retained: bool = False,
     ) -> None:
         size = held_size(headers, reply_to, correlation_id, None)
         options = MessageOptions(
@@ -374,6 +381,8 @@ class Message:
             origin,
             hop_count,
             expires_at,
+            retain,
+            retained,
             size,
         )
         if options == DEFAULT_OPTIONS:  # share the common ones
@@ -444,6 +453,16 @@ class Message:
     def expires_at(self) -> float | None:
         """When it expires on this node's clock, or ``None``."""
         return self.options.expires_at
+
+    @property
+    def retain(self) -> bool:
+        """Published to be kept as its topic's last value (SPEC 12)."""
+        return self.options.retain
+
+    @property
+    def retained(self) -> bool:
+        """A topic's kept last value, delivered because the subscription is new."""
+        return self.options.retained
 
     def evolve(self, **changes: Any) -> Message:
         """A copy with some settings changed (not for the per-message path)."""

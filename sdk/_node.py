@@ -26,7 +26,7 @@ from ._stash import Stash
 from ._stats import NodeStatistics
 from ._topics import TopicLimits
 from ._vpn import Vpn
-from .abc import Clock, GuaranteedMessaging
+from .abc import Clock, GuaranteedMessaging, RetainedMessages
 from .errors import AuthenticationError, ConfigurationError, StateError
 
 __all__ = ["DEFAULT_PLUGINS", "Node"]
@@ -36,6 +36,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "shared",
     "eliding",
     "guaranteed",
+    "retained",
     "hopcount",
     "bridge",
     "dmr",
@@ -103,6 +104,7 @@ class Node:
         #: ones it used before, so neighbours never take a new message for an old one.
         self.next_origin_id: Callable[[], int] = itertools.count(time.time_ns()).__next__
         self._guaranteed: GuaranteedMessaging | None = None
+        self._retained: RetainedMessages | None = None
         #: Checks passwords off the event loop and slows down repeated failed logins
         #: (SPEC 6); replace it to change its settings.
         self.logins = LoginGuard(self.clock)
@@ -179,6 +181,21 @@ class Node:
                 "Node(plugins=[..., 'guaranteed'])"
             )
         return self._guaranteed
+
+    def provide_retained(self, service: RetainedMessages) -> None:
+        """Register the retained-messages implementation (done by the plugin)."""
+        if self._retained is not None and self._retained is not service:
+            raise ConfigurationError("two plugins provide retained messages")
+        self._retained = service
+
+    @property
+    def retained(self) -> RetainedMessages:
+        """The retained-messages service; :class:`ConfigurationError` without the plugin."""
+        if self._retained is None:
+            raise ConfigurationError(
+                "retained messages need the 'retained' plugin: Node(plugins=[..., 'retained'])"
+            )
+        return self._retained
 
     # --- sessions -----------------------------------------------------------------
 

@@ -176,8 +176,12 @@ class Session:
         eliding_eligible: bool = False,
         reply_to: str | None = None,
         correlation_id: str | None = None,
+        retain: bool = False,
     ) -> None:
         """Publish a direct message. Returns at once; never blocks on slow consumers.
+
+        :param retain: keep it as the topic's last value, for subscriptions made later
+            (SPEC 12; needs the ``retained`` plugin); an empty payload clears the value.
 
         :raises InvalidTopicError: the topic is not valid (SPEC 1).
         :raises AccessDeniedError: the ACL profile denies publishing to it.
@@ -190,7 +194,7 @@ class Session:
             self._admit(topic)
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        if headers is None and reply_to is None and correlation_id is None:
+        if headers is None and reply_to is None and correlation_id is None and not retain:
             options = ELIGIBLE_OPTIONS if eliding_eligible else DEFAULT_OPTIONS
             size = len(payload)
         else:
@@ -217,6 +221,8 @@ class Session:
                 None,
                 0,
                 None,
+                retain,
+                False,
                 size,
             )
             size += len(payload)
@@ -236,6 +242,8 @@ class Session:
         message.options = options  # type: ignore[misc]
         message.size = size  # type: ignore[misc]
         # inline: meshbus._messages.make_message[build] end
+        if retain:  # kept before it is routed: a refusal publishes nothing
+            self.vpn.node.retained.keep(self.vpn, message)
         self.published += 1
         # Vpn.dispatch inlined: this is the per-message path. An envelope is made only
         # when the message must wait; otherwise the session's own is reused.
@@ -275,6 +283,7 @@ class Session:
         eliding_eligible: bool = False,
         reply_to: str | None = None,
         correlation_id: str | None = None,
+        retain: bool = False,
     ) -> None:
         """Publish a guaranteed message to a topic (SPEC 4).
 
@@ -282,7 +291,10 @@ class Session:
         persistent message on a durable store: on disk). Matching client
         subscriptions get it as a direct message.
 
-        :param ttl: seconds until it expires, for endpoints that respect TTL.
+        :param ttl: seconds until it expires, for endpoints that respect TTL (a retained
+            value expires with it).
+        :param retain: also keep it as the topic's last value (SPEC 12); returns once the
+            kept value is durable too, when the node has a data directory.
         :raises PublishRejectedError: an endpoint that rejects on discard could not
             take it, it is too large (its payload and headers count), or its headers
             are over the :data:`~meshbus.HEADER_LIMITS`; nothing was stored.
@@ -290,12 +302,33 @@ class Session:
         """
         if topic not in self._admitted:
             self._admit(topic)
-        await self.node.guaranteed.send(
-            self,
-            topic,
-            as_bytes(payload),
-            _send_options(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id),
+        body = as_bytes(payload)
+        options = _send_options(
+            persistent, headers, ttl, eliding_eligible, reply_to, correlation_id
         )
+        if not retain:
+            await self.node.guaranteed.send(self, topic, body, options)
+            return
+        retained = self.node.retained
+        retained.check(self.vpn, topic, len(body) + options["size"])  # before anything is held
+        options["retain"] = True
+        await self.node.guaranteed.send(self, topic, body, options)
+        now = self._time()
+        message = Message(
+            topic,
+            body,
+            DeliveryMode.PERSISTENT if persistent else DeliveryMode.NON_PERSISTENT,
+            options["headers"],
+            eliding_eligible,
+            reply_to,
+            correlation_id,
+            sender=self.client_name,
+            timestamp=now,
+            expires_at=now + ttl if ttl else None,
+            retain=True,
+        )
+        retained.keep(self.vpn, message)
+        await retained.flush()  # acknowledged only once the kept value is as durable
 
     async def send_many(
         self,

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from ._links import Link
     from ._messages import Message
     from ._session import Session
+    from ._vpn import Vpn
 
-__all__ = ["Clock", "Flow", "GuaranteedMessaging", "SessionAPI"]
+__all__ = ["Clock", "Flow", "GuaranteedMessaging", "RetainedMessages", "SessionAPI"]
 
 
 class Clock(ABC):
@@ -176,6 +177,31 @@ class GuaranteedMessaging(ABC):
         return taken, None
 
 
+class RetainedMessages(ABC):
+    """What a retained-messages plugin provides (SPEC 12): each VPN's kept last values.
+
+    A plugin registers one per node with :meth:`meshbus.Node.provide_retained`;
+    :meth:`meshbus.Session.publish` and :meth:`~meshbus.Session.send` with
+    ``retain=True`` hand it the message before it is routed.
+    """
+
+    @abstractmethod
+    def check(self, vpn: Vpn, topic: str, size: int) -> None:
+        """Raise :class:`~meshbus.errors.PublishRejectedError` if a retained message of
+        ``size`` bytes on ``topic`` would not be kept (a limit of the VPN); keep nothing."""
+
+    @abstractmethod
+    def keep(self, vpn: Vpn, message: Message) -> None:
+        """Keep ``message`` as its topic's last value (an empty payload clears it).
+
+        :raises PublishRejectedError: a limit of the VPN; nothing changed.
+        """
+
+    @abstractmethod
+    async def flush(self) -> None:
+        """Return once what :meth:`keep` took is as durable as the node keeps it."""
+
+
 @runtime_checkable
 class SessionAPI(Protocol):
     """What a session offers, in the process (:class:`meshbus.Session`) or over the
@@ -209,6 +235,7 @@ class SessionAPI(Protocol):
         eliding_eligible: bool = False,
         reply_to: str | None = None,
         correlation_id: str | None = None,
+        retain: bool = False,
     ) -> None:
         """Publish a direct message; never waits for subscribers."""
 
@@ -242,6 +269,7 @@ class SessionAPI(Protocol):
         eliding_eligible: bool = False,
         reply_to: str | None = None,
         correlation_id: str | None = None,
+        retain: bool = False,
     ) -> None:
         """Publish a guaranteed message to a topic; return once the node holds it."""
 

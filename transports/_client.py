@@ -515,6 +515,7 @@ class RemoteSession:
         eliding_eligible: bool = False,
         reply_to: str | None = None,
         correlation_id: str | None = None,
+        retain: bool = False,
     ) -> None:
         """Publish a direct message: buffered and written by a background task.
 
@@ -546,12 +547,21 @@ class RemoteSession:
                 self._admitted.clear()
             self._admitted[topic] = None
         size = len(payload)
-        if headers is None and not eliding_eligible and reply_to is None and correlation_id is None:
+        if (
+            headers is None
+            and not eliding_eligible
+            and reply_to is None
+            and correlation_id is None
+            and not retain
+        ):
             if size > self._publish_room:  # near the node's frame limit: measure the frame
                 check_publish(topic, payload, None, self.node_max_frame_size, self.url)
             self._pending.append((topic, payload, None))
         else:
             options, extra = wire_options(headers, eliding_eligible, reply_to, correlation_id)
+            if retain:
+                options["rt"] = True
+                extra += 10
             size += extra
             if size > self._publish_room:
                 check_publish(topic, payload, options, self.node_max_frame_size, self.url)
@@ -663,6 +673,7 @@ class RemoteSession:
         eliding_eligible: bool = False,
         reply_to: str | None = None,
         correlation_id: str | None = None,
+        retain: bool = False,
     ) -> None:
         """Publish a guaranteed message; returns once the node holds it (SPEC 4).
 
@@ -673,6 +684,8 @@ class RemoteSession:
         validate_topic(topic)
         header = send_header(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id)
         header["topic"] = topic
+        if retain:
+            header["rt"] = True
         await self._request(K.SEND, header, as_bytes(payload))
 
     async def send_to_queue(

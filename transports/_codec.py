@@ -135,6 +135,10 @@ def options_to_wire(options: MessageOptions, now: float | None = None) -> dict[s
         wire["o"] = options.origin
     if options.hop_count:
         wire["hc"] = options.hop_count
+    if options.retain:
+        wire["rt"] = True
+    if options.retained:
+        wire["rtd"] = True
     if options.expires_at is not None:
         left = options.expires_at - (time.time() if now is None else now)
         wire["x"] = left if left > 0 else 0
@@ -218,6 +222,8 @@ def options_from_wire(
         origin,
         hop_count,
         expires_at,
+        _check(wire.get("rt", False), bool, "retain flag"),
+        _check(wire.get("rtd", False), bool, "retained flag"),
         size,
     )
 
@@ -509,6 +515,8 @@ def _origin_only(wire: Any) -> MessageOptions | None:
         (origin[0], origin[1]),
         hop_count,
         None,
+        False,
+        False,
         0,
     )
 

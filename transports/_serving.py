@@ -218,6 +218,7 @@ class ServedSession:
         reply_to = options.get("r")
         correlation_id = options.get("c")
         eliding = options.get("e", False)
+        retain = options.get("rt", False)
         if headers is not None and type(headers) is not dict:
             raise ProtocolError("PUBLISH headers must be an object")
         if reply_to is not None and type(reply_to) is not str:
@@ -226,6 +227,8 @@ class ServedSession:
             raise ProtocolError("PUBLISH correlation_id must be a string")
         if type(eliding) is not bool:
             raise ProtocolError("PUBLISH eliding flag must be a boolean")
+        if type(retain) is not bool:
+            raise ProtocolError("PUBLISH retain flag must be a boolean")
         self.session.publish(
             topic,
             payload,
@@ -233,6 +236,7 @@ class ServedSession:
             eliding_eligible=eliding,
             reply_to=reply_to,
             correlation_id=correlation_id,
+            retain=retain,
         )
 
     @property
@@ -353,6 +357,7 @@ class ServedSession:
         options = _send_options(send)
         if send.queue is not None:
             options.pop("eliding_eligible", None)
+            options.pop("retain", None)
             await session.send_to_queue(send.queue, payload, **options)
             return [None]
         assert send.topic is not None
@@ -521,7 +526,12 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-_OPTION_NAMES = (("e", "eliding_eligible"), ("r", "reply_to"), ("c", "correlation_id"))
+_OPTION_NAMES = (
+    ("e", "eliding_eligible"),
+    ("r", "reply_to"),
+    ("c", "correlation_id"),
+    ("rt", "retain"),
+)
 
 
 def _send_options(send: ev.Send) -> dict[str, Any]:

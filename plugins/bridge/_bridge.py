@@ -361,7 +361,10 @@ class Bridge:
         if type(result) is not Mapped:
             link.count_drop(result.reason)  # type: ignore[union-attr]
             return False
-        if result.topic != message.topic:
+        if message.options.retain and not result.preserve_retained:
+            # The other side gets it as a plain message: not kept there (SPEC 7, 12).
+            envelope.message = message.evolve(topic=result.topic, retain=False)
+        elif result.topic != message.topic:
             envelope.message = make_message(
                 result.topic, message.payload, message.sender, message.timestamp, message.options
             )

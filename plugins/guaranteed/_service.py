@@ -312,6 +312,7 @@ class GuaranteedService(GuaranteedMessaging):
             timestamp=now,
             origin=origin,
             expires_at=now + ttl if ttl else None,
+            retain=options.get("retain", False),
         )
         session.vpn.dispatch(
             Envelope(message, session, endpoints_of(accepted), _mode(options)),

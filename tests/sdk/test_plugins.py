@@ -113,6 +113,7 @@ def test_default_plugins_are_the_builtin_entry_points() -> None:
         "shared",
         "eliding",
         "guaranteed",
+        "retained",
         "hopcount",
         "bridge",
         "dmr",
