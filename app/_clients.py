@@ -57,6 +57,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     pub.add_argument("--header", action="append", default=[], metavar="KEY=VALUE")
     pub.add_argument(
+        "-r",
+        "--retain",
+        action="store_true",
+        help="keep it as the topic's last value for later subscribers (an empty MESSAGE clears it)",
+    )
+    pub.add_argument(
         "-t",
         "--timestamps",
         action="store_true",
@@ -126,9 +132,9 @@ async def _pub(args: argparse.Namespace) -> None:
     async with _session(args) as session:
         for payload in payloads:
             if args.guaranteed:
-                await session.send(args.topic, payload, headers=headers or None)
+                await session.send(args.topic, payload, headers=headers or None, retain=args.retain)
             else:
-                session.publish(args.topic, payload, headers=headers or None)
+                session.publish(args.topic, payload, headers=headers or None, retain=args.retain)
         await session.confirm()
     print(f"published {len(payloads)} message(s) to {args.topic}", file=sys.stderr)
 
@@ -255,6 +261,7 @@ def _json(message: Any, out: IO[bytes]) -> None:
         "timestamp": message.timestamp,
         "headers": dict(message.headers),
         "delivery_mode": message.delivery_mode.value,
+        "retained": message.retained,
     }
     out.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
 

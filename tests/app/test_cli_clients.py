@@ -160,3 +160,18 @@ def test_sub_reconnect_says_when_it_loses_and_regains_the_node(
     # then its attempts, each said, until one succeeds
     assert all(line.startswith("meshbus sub: reconnect") for line in lines[2:]), lines
     assert any(line.startswith(f"meshbus sub: reconnected to {setup.url}") for line in lines)
+
+
+@pytest.mark.slow  # about 3 s: a node and three client processes
+def test_pub_retain_keeps_a_value_that_a_later_sub_is_given(setup: Setup, start: Start) -> None:
+    setup.start_node(start)
+    for args in (["--retain", "meters/1", "41"], ["--retain", "-g", "meters/2", "42"]):
+        status, _, err = command(setup, "pub", *setup.options(), *args)
+        assert status == 0, err
+    status, out, err = command(setup, "sub", *setup.options(), "meters/*", "-C", "2", "-F", "json")
+    assert status == 0, err
+    records = sorted((orjson.loads(line) for line in out.splitlines()), key=lambda r: r["topic"])
+    assert [(r["topic"], r["payload"], r["retained"]) for r in records] == [
+        ("meters/1", "41", True),
+        ("meters/2", "42", True),
+    ]
