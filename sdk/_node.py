@@ -37,6 +37,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "eliding",
     "guaranteed",
     "retained",
+    "mqtt",
     "hopcount",
     "bridge",
     "dmr",
@@ -251,6 +252,7 @@ class Node:
         timestamps: bool = False,
         certificate_name: str | None = None,
         address: str | None = None,
+        replace: bool = False,
     ) -> Session:
         """Log in to a VPN and open a session, checking a password off the event loop.
 
@@ -267,6 +269,9 @@ class Node:
         :param certificate_name: the common name of a client certificate that a
             listener verified (for ``authentication="client-certificate"``).
         :param address: where the client connects from (listeners pass the peer's).
+        :param replace: when a session of that client name is open, close it and open
+            this one, once this login is accepted (MQTT's session takeover); without
+            it the login is refused.
         :raises AuthenticationError: the login was refused (also: no VPN of that name).
         :raises AccessDeniedError: the ACL profile denies connecting.
         :raises StateError: the node is not running, or the client name is in use.
@@ -283,6 +288,7 @@ class Node:
             timestamps=timestamps,
             certificate_name=certificate_name,
             address=address,
+            replace=replace,
         )
 
     # --- lifecycle ----------------------------------------------------------------

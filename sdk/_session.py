@@ -442,6 +442,16 @@ class Session:
             self.denied += 1
             raise AccessDeniedError(self.username, "publish", topic)
 
+    def check_subscribe_acl(self, subscription: str) -> None:
+        """Raise :class:`InvalidTopicError` for a subscription that is not valid, and
+        :class:`AccessDeniedError` (counted in ``denied``) when the ACL profile denies
+        it: plugins call this for what a session subscribes to on their side, such
+        as the subscriptions of a queue it owns (an MQTT client's QoS 1 ones)."""
+        sub = parse_subscription(subscription, self.vpn.topic_limits)
+        if not self._acl.may_subscribe(sub.filter):
+            self.denied += 1
+            raise AccessDeniedError(self.username, "subscribe", subscription)
+
     def _admit(self, topic: str) -> None:
         """First publish to ``topic``: validate it and check the ACL, then remember it."""
         if self.closed:

@@ -211,6 +211,7 @@ class Vpn:
         timestamps: bool = False,
         certificate_name: str | None = None,
         address: str | None = None,
+        replace: bool = False,
     ) -> Session:
         """Log in and open a session, checking a password in a worker thread (see
         :meth:`meshbus.Node.login`).
@@ -219,6 +220,8 @@ class Vpn:
             listener verified (for ``authentication="client-certificate"``).
         :param address: where the client connects from, so that repeated failures
             from there are slowed down (listeners pass the peer's address).
+        :param replace: close an open session of the same client name once this login
+            is accepted, instead of refusing it (MQTT's session takeover).
         """
         client_name = self._check_can_open(username, client_name)
         guard = self.node.logins
@@ -240,7 +243,7 @@ class Vpn:
             self.login_failures += 1
             raise
         return self._open(
-            user, username, client_name, profile, acl, no_local, on_message, timestamps
+            user, username, client_name, profile, acl, no_local, on_message, timestamps, replace
         )
 
     def _check_can_open(self, username: str, client_name: str | None) -> str:
@@ -329,6 +332,7 @@ class Vpn:
         no_local: bool,
         on_message: MessageHandler | None,
         timestamps: bool,
+        replace: bool = False,
     ) -> Session:
         # Checked again after authentication: a login may have waited for a thread,
         # and only a client that proved who it is learns which names are in use.
@@ -336,6 +340,8 @@ class Vpn:
             raise StateError(f"VPN {self.name!r} was removed")
         if not self.node.running:
             raise StateError("the node is not running: use 'async with node:' first")
+        if client_name in self._sessions and replace:
+            self._sessions[client_name].close()  # taken over by a client that proved who it is
         if client_name in self._sessions:
             raise StateError(f"client name {client_name!r} is already in use in VPN {self.name!r}")
         session = Session(
