@@ -30,7 +30,7 @@ from meshbus import (
 from meshbus._plugins import compose
 from meshbus._profiles import check_identity
 from meshbus._vpn import AUTHENTICATION_SCHEMES
-from meshbus.transports import DEFAULT_TLS_PORT, ListenerSettings, TlsSettings
+from meshbus.transports import DEFAULT_TLS_PORT, ListenerSettings, read_listener_tls_table
 
 from ._config_model import NodeConfig, UserConfig, VpnConfig
 from ._config_values import _BAD, _choice, _describe, _join, _suggest, _ValueChecker
@@ -40,8 +40,6 @@ DEFAULT_DATA_DIR = "meshbus-data"
 
 _NODE_KEYS = ("name", "cluster", "data_dir", "plugins", "block")
 _VPN_KEYS = ("authentication", "client_profiles", "acl_profiles", "users")
-_TLS_CLIENT_ONLY = frozenset({"server_hostname", "check_hostname"})
-_TLS_FILES = ("ca", "certificate", "private_key")
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 
 
@@ -295,32 +293,7 @@ class _Checker(_ValueChecker):
                 break
 
     def tls(self, raw: object, path: str) -> Any:
-        table = self.table(raw, path)
-        if table is None:
-            return None
-        missing = [key for key in ("certificate", "private_key") if key not in table]
-        if table.get("require_client_certificate") is True and "ca" not in table:
-            missing.append("ca")
-        for key in missing:
-            why = " (require_client_certificate = true)" if key == "ca" else ""
-            self.report(path, f"missing required key {key!r}{why}")
-        settings = self.attrs_value(TlsSettings, table, path, exclude=_TLS_CLIENT_ONLY)
-        if settings is None:
-            return None
-        usable = not missing
-        for key in _TLS_FILES:
-            file: Path | None = getattr(settings, key)
-            if file is not None and not file.is_file():
-                what = "not a file" if file.exists() else "no such file"
-                self.report(_join(path, key), f"{what}: {file}")
-                usable = False
-        if usable:  # every file is there: check that they hold a certificate and its key
-            try:
-                settings.server_context()
-            except ConfigurationError as exc:
-                self.report(path, str(exc))
-                return None
-        return settings if usable else None
+        return read_listener_tls_table(self, raw, path)
 
     def vpns(self, raw: object) -> tuple[VpnConfig, ...]:
         if raw is None:

@@ -9,10 +9,10 @@ with the same calls as an in-process :class:`meshbus.Session`.
 
 from __future__ import annotations
 
-from ._asyncio_tcp import READ_HIGH_WATER, AsyncioTcpStream
+from ._asyncio_tcp import READ_HIGH_WATER, AsyncioTcpStream, adopt_tcp_stream
 from ._backoff import Backoff
 from ._client import RemoteSession, connect
-from ._config_tables import read_backoff_table, read_tls_table
+from ._config_tables import read_backoff_table, read_listener_tls_table, read_tls_table
 from ._dialing import ConnectSettings, Remote, Target
 from ._events import Advertise
 from ._framing import FrameDecoder, FrameKind, encode_frame
@@ -20,7 +20,14 @@ from ._link import WireLink, open_link
 from ._memory import MemoryListener, MemoryNetwork, MemoryStream
 from ._protocol import PROTOCOL_VERSION, ConnectionState, LinkProtocol, Role
 from ._remote_flow import RemoteFlow
-from ._server import Server, ServerStatistics, start_server
+from ._server import (
+    Server,
+    ServerStatistics,
+    certificate_common_name,
+    peer_address,
+    peer_name,
+    start_server,
+)
 from ._settings import (
     DEFAULT_PORT,
     DEFAULT_TLS_PORT,
@@ -58,13 +65,18 @@ __all__ = [
     "Target",
     "TlsSettings",
     "WireLink",
+    "adopt_tcp_stream",
+    "certificate_common_name",
     "connect",
     "connect_stream",
     "encode_frame",
     "memory_stream_pair",
     "open_link",
     "parse_url",
+    "peer_address",
+    "peer_name",
     "read_backoff_table",
+    "read_listener_tls_table",
     "read_tls_table",
     "start_server",
 ]

@@ -8,9 +8,47 @@ from meshbus import ConfigReader, ConfigurationError
 from ._backoff import Backoff
 from ._settings import TlsSettings
 
-__all__ = ["read_backoff_table", "read_tls_table"]
+__all__ = ["read_backoff_table", "read_listener_tls_table", "read_tls_table"]
 
 _TLS_FILES = ("ca", "certificate", "private_key")
+_CLIENT_ONLY = ("server_hostname", "check_hostname")
+
+
+def read_listener_tls_table(reader: ConfigReader, raw: object, where: str) -> TlsSettings | None:
+    """A ``tls`` table of a listener: its certificate and key (required), and the CA
+    that client certificates must be signed by (required with
+    ``require_client_certificate``); files checked, and loaded once."""
+    table = reader.table(raw, where)
+    if table is None:
+        return None
+    missing = [key for key in ("certificate", "private_key") if key not in table]
+    if table.get("require_client_certificate") is True and "ca" not in table:
+        missing.append("ca")
+    for key in missing:
+        why = " (require_client_certificate = true)" if key == "ca" else ""
+        reader.report(where, f"missing required key {key!r}{why}")
+    settings = reader.attrs_value(TlsSettings, table, where, exclude=_CLIENT_ONLY)
+    if settings is None:
+        return None
+    usable = not missing and _files_exist(reader, settings, where)
+    if usable:  # every file is there: check that they hold a certificate and its key
+        try:
+            settings.server_context()
+        except ConfigurationError as exc:
+            reader.report(where, str(exc))
+            return None
+    return settings if usable else None
+
+
+def _files_exist(reader: ConfigReader, settings: TlsSettings, where: str) -> bool:
+    usable = True
+    for key in _TLS_FILES:
+        file = getattr(settings, key)
+        if file is not None and not file.is_file():
+            what = "not a file" if file.exists() else "no such file"
+            reader.report(reader.join(where, key), f"{what}: {file}")
+            usable = False
+    return usable
 
 
 def read_tls_table(reader: ConfigReader, raw: object, where: str) -> TlsSettings | None:
@@ -24,13 +62,7 @@ def read_tls_table(reader: ConfigReader, raw: object, where: str) -> TlsSettings
     )
     if settings is None:
         return None
-    usable = True
-    for key in _TLS_FILES:
-        file = getattr(settings, key)
-        if file is not None and not file.is_file():
-            what = "not a file" if file.exists() else "no such file"
-            reader.report(reader.join(where, key), f"{what}: {file}")
-            usable = False
+    usable = _files_exist(reader, settings, where)
     if usable:
         try:
             settings.client_context()  # the files hold what they should

@@ -47,7 +47,14 @@ if TYPE_CHECKING:
     from meshbus._node import Node
     from meshbus._session import Session
 
-__all__ = ["Server", "ServerStatistics", "start_server"]
+__all__ = [
+    "Server",
+    "ServerStatistics",
+    "certificate_common_name",
+    "peer_address",
+    "peer_name",
+    "start_server",
+]
 
 log = logging.getLogger("meshbus.transports")
 
@@ -143,8 +150,8 @@ class Server:
 
     async def _serve_accepted(self, stream: anyio.abc.ByteStream) -> None:
         self.accepted += 1
-        peer = _peer_name(stream)
-        address = _peer_address(stream)
+        peer = peer_name(stream)
+        address = peer_address(stream)
         slot = self._admit(peer)
         if slot is None:
             await anyio.aclose_forcefully(stream)
@@ -183,7 +190,8 @@ class Server:
                 )
                 await anyio.aclose_forcefully(stream)
                 return
-            certificate_name = _common_name(stream.extra(TLSAttribute.peer_certificate, None))
+            certificate = stream.extra(TLSAttribute.peer_certificate, None)
+            certificate_name = certificate_common_name(certificate)
         await self._serve(stream, peer, certificate_name, slot, address)
 
     async def serve(
@@ -522,7 +530,7 @@ SERVERS: StashKey[list[Server]] = StashKey()
 """Where a node keeps its servers (``node.stash``), for statistics."""
 
 
-def _peer_address(stream: anyio.abc.ByteStream) -> str | None:
+def peer_address(stream: anyio.abc.ByteStream) -> str | None:
     """Where a client connects from, as failed logins are counted: its IP address, or
     its /64 network for IPv6 (one host usually has a whole /64 to pick from)."""
     address = stream.extra(anyio.abc.SocketAttribute.remote_address, None)
@@ -539,14 +547,15 @@ def _peer_address(stream: anyio.abc.ByteStream) -> str | None:
     return str(ip)
 
 
-def _peer_name(stream: anyio.abc.ByteStream) -> str:
+def peer_name(stream: anyio.abc.ByteStream) -> str:
+    """``host:port`` of a stream's far end, for logs (``"unknown"`` when it has none)."""
     address = stream.extra(anyio.abc.SocketAttribute.remote_address, None)
     if isinstance(address, tuple) and len(address) >= 2:
         return f"{address[0]}:{address[1]}"
     return str(address) if address is not None else "unknown"
 
 
-def _common_name(certificate: object) -> str | None:
+def certificate_common_name(certificate: object) -> str | None:
     """The subject common name of a peer certificate as ``ssl`` reports it."""
     if not isinstance(certificate, dict):
         return None
