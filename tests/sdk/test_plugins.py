@@ -114,6 +114,7 @@ def test_default_plugins_are_the_builtin_entry_points() -> None:
         "eliding",
         "guaranteed",
         "retained",
+        "mqtt",
         "hopcount",
         "bridge",
         "dmr",

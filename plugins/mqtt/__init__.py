@@ -1,0 +1,51 @@
+"""Plugin ``mqtt``: MQTT 3.1.1 and 5 clients on a node's own listeners (SPEC 13).
+
+An edge gateway's devices speak MQTT. :func:`start_mqtt_listener` (or
+``[[mqtt.listeners]]`` in the configuration file) opens a TCP or TLS port whose
+clients log in to one Message VPN with its own usernames, passwords, client
+certificates and ACLs, and publish and subscribe beside native sessions:
+
+* topics are shared with native sessions; MQTT filters translate as SPEC 1 says
+  (``+`` is ``*``, ``a/#`` is ``a`` and ``a/>``, ``$share/g/f`` a shared subscription);
+* QoS 0 is a direct message, QoS 1 and 2 a persistent guaranteed one, acknowledged
+  once the node holds it (QoS 2 with its PUBREC/PUBREL/PUBCOMP exchange);
+* a QoS 1 subscription is a subscription of the client's own queue
+  (``mqtt/<client id>``), so a persistent session (clean session 0, or a session
+  expiry interval) gets what was published while it was away; QoS 2 is granted
+  as 1. A message published at QoS 0 reaches it at QoS 0;
+* retained messages (the ``retained`` plugin), will messages (with their delay),
+  keepalive, session takeover, session expiry;
+* MQTT 5: user properties are headers, response topic and correlation data are
+  reply-to and correlation id, message expiry is the TTL, topic aliases from the
+  client, no-local, retain-as-published, retain handling, receive maximum both ways,
+  maximum packet size both ways, reason codes.
+
+A packet that breaks the protocol (malformed, truncated, over the packet size
+limit, or anything before CONNECT) closes its connection only.
+
+Not done: WebSocket listeners, enhanced authentication (AUTH), subscription
+identifiers, topic aliases from the node to the client, and QoS 2 to subscribers.
+"""
+
+from ._codec import MQTT_5, MQTT_311, Codec, MalformedPacket, PacketReader, PacketTooLarge
+from ._listener import MqttListener, MqttListenerStatistics, start_mqtt_listener
+from ._plugin import listeners_of
+from ._sessions import queue_name
+from ._settings import DEFAULT_MQTT_PORT, DEFAULT_MQTTS_PORT, MqttListenerSettings
+
+__all__ = [
+    "DEFAULT_MQTTS_PORT",
+    "DEFAULT_MQTT_PORT",
+    "MQTT_311",
+    "MQTT_5",
+    "Codec",
+    "MalformedPacket",
+    "MqttListener",
+    "MqttListenerSettings",
+    "MqttListenerStatistics",
+    "PacketReader",
+    "PacketTooLarge",
+    "listeners_of",
+    "queue_name",
+    "start_mqtt_listener",
+]

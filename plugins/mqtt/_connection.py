@@ -1,0 +1,769 @@
+"""One MQTT client's connection: its login, its packets, and what it is sent.
+
+A connection reads packets in one task and answers them in order; what the node
+has for the client is written by two more: one takes the direct messages of the
+connection's meshbus session (QoS 0 subscriptions, shared ones and everything a
+slow client's bounded buffer keeps, SPEC 2), the other the session queue's flow
+(QoS 1 subscriptions), whose window is the client's receive maximum, so no more
+QoS 1 messages are in flight than the client allows. Writes share one lock; a
+client that stops reading holds up only its own tasks.
+
+Anything the client sends that breaks the protocol ends this connection only
+(SPEC 13): a :class:`MalformedPacket` is answered with a DISCONNECT that says why
+(MQTT 5) and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from contextlib import nullcontext, suppress
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from mqtt5 import (
+    ConnectPacket,
+    DisconnectPacket,
+    PingReqPacket,
+    PubAckPacket,
+    PubCompPacket,
+    PublishPacket,
+    PubRecPacket,
+    PubRelPacket,
+    SubscribePacket,
+    UnsubscribePacket,
+)
+
+from meshbus import (
+    AccessDeniedError,
+    AuthenticationError,
+    ConfigurationError,
+    DeliveryMode,
+    InvalidTopicError,
+    LimitExceededError,
+    MeshbusError,
+    Message,
+    PublishRejectedError,
+    Session,
+    StateError,
+    filter_matches,
+    from_mqtt_filter,
+)
+from meshbus.abc import Flow
+
+from ._codec import MQTT_5, Codec, MalformedPacket, PacketReader, read_connect
+from ._sessions import MqttSession, Subscribed
+from ._translate import publish_options, v5_properties
+
+if TYPE_CHECKING:
+    from ._listener import MqttListener
+
+__all__ = ["MqttConnection"]
+
+log = logging.getLogger("meshbus.mqtt")
+
+_PERSISTENT = DeliveryMode.PERSISTENT
+_READ_SIZE = 65536
+_BATCH = 64  # direct messages written in one go, at most
+
+# Reason codes (MQTT 5) used here.
+_NOT_AUTHORIZED = 0x87
+_TOPIC_NAME_INVALID = 0x90
+_TOPIC_FILTER_INVALID = 0x8F
+_QUOTA_EXCEEDED = 0x97
+_UNSPECIFIED = 0x80
+_IMPLEMENTATION_SPECIFIC = 0x83
+_NO_SUBSCRIPTION = 0x11
+_PROTOCOL_ERROR = 0x82
+_KEEPALIVE_TIMEOUT = 0x8D
+_SESSION_TAKEN_OVER = 0x8E
+_SERVER_SHUTTING_DOWN = 0x8B
+_RECEIVE_MAX_EXCEEDED = 0x93
+_TOPIC_ALIAS_INVALID = 0x94
+_BAD_AUTH_METHOD = 0x8C
+
+
+class _Closed(Exception):
+    """The connection ends: ``reason`` for the log, ``code`` for a DISCONNECT."""
+
+    def __init__(self, reason: str, code: int | None = None) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+_ENDINGS = (
+    _Closed,
+    MalformedPacket,
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    OSError,
+)
+
+
+class MqttConnection:
+    """One connected MQTT client (made by its listener for each accepted stream)."""
+
+    def __init__(
+        self,
+        listener: MqttListener,
+        stream: anyio.abc.ByteStream,
+        peer: str,
+        address: str | None,
+        certificate_name: str | None,
+    ) -> None:
+        self.listener = listener
+        self.settings = listener.settings
+        self.node = listener.node
+        self.stream = stream
+        self.peer = peer
+        self.address = address
+        self.certificate_name = certificate_name
+        self.codec: Codec | None = None
+        self.client_id = ""
+        self.session: Session | None = None
+        self.state: MqttSession | None = None
+        self.flow: Flow | None = None
+        self.keepalive = 0
+        self.will: Any = None
+        self.client_max_packet: int | None = None
+        self.client_receive_max = 65535
+        self._write_lock = anyio.Lock()
+        self._aliases: dict[int, str] = {}
+        self._qos2: set[int] = set()  # QoS 2 packet ids received, until their PUBREL
+        self._inflight: dict[int, Message] = {}
+        self._next_id = 0
+        self._special = False  # some subscription uses no-local or retain-as-published
+        self._ended = anyio.Event()
+        self._scope: anyio.CancelScope | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._failure: BaseException | None = None
+        self.taken_over = False
+
+    # --- the connection's life --------------------------------------------------------
+
+    async def serve(self, logged_in: anyio.Event) -> None:
+        """Serve the connection until it closes; set ``logged_in`` once it is answered."""
+        reader = PacketReader(self.settings.connect_packet_size)
+        try:
+            with self.node.clock.move_on_after(self.settings.connect_timeout) as waited:
+                first = await self._first_packet(reader)
+                accepted = await self._connect(first)
+            logged_in.set()
+            if waited.cancelled_caught:
+                log.info("closing MQTT connection from %s: no CONNECT in time", self.peer)
+                return
+            if not accepted:
+                return
+            reader.limit = self.settings.max_packet_size
+            await self._run(reader)
+        except MalformedPacket as exc:
+            self.listener.malformed += 1
+            log.info("closing MQTT connection from %s: %s", self.peer, exc)
+            await self._say_disconnect(exc.reason_code, str(exc))
+        except _Closed as exc:
+            log.info("closing MQTT connection from %s (%s): %s", self.peer, self.client_id, exc)
+            if exc.code is not None:
+                await self._say_disconnect(exc.code, str(exc))
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            log.debug("MQTT connection from %s lost", self.peer)
+        finally:
+            logged_in.set()
+            with anyio.CancelScope(shield=True):
+                await self._end()
+                await anyio.aclose_forcefully(self.stream)
+
+    async def _first_packet(self, reader: PacketReader) -> bytes:
+        while True:
+            data = await self.stream.receive(_READ_SIZE)
+            packets = reader.feed(data)
+            if packets:
+                if len(packets) > 1 or reader.buffered:
+                    raise MalformedPacket(
+                        "packets sent before CONNECT was answered", _PROTOCOL_ERROR
+                    )
+                return packets[0]
+
+    async def _connect(self, first: bytes) -> bool:
+        try:
+            level, connect = read_connect(first)
+        except MalformedPacket as exc:
+            if exc.reason_code == 0x84:  # answer an old or unknown version as 3.1.1 does
+                await self._write(Codec(4).connack(False, 0x84))
+                self.listener.refused += 1
+                return False
+            raise
+        codec = self.codec = Codec(level)
+        settings = self.settings
+        if connect.authentication_method is not None:
+            await self._write(codec.connack(False, _BAD_AUTH_METHOD))
+            self.listener.refused += 1
+            return False
+        client_id = connect.client_id
+        assigned = None
+        if not client_id:
+            if level != MQTT_5 and not connect.clean_start:
+                await self._write(codec.connack(False, 0x85))  # identifier rejected
+                self.listener.refused += 1
+                return False
+            client_id = assigned = f"mqtt-{uuid.uuid4().hex[:16]}"
+        self.client_id = client_id
+        password = connect.password
+        try:
+            text = None if password is None else password.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "\x00"  # bytes no password of a meshbus user can be: refused below
+        username = connect.username or self.certificate_name or "default"
+        will = connect.will
+        try:
+            session = await self.node.login(
+                settings.vpn,
+                username=username,
+                password=text,
+                client_name=client_id,
+                certificate_name=self.certificate_name,
+                address=self.address,
+                replace=True,  # MQTT session takeover, once this client proved who it is
+            )
+            if will is not None:
+                session.check_publish_acl(will.topic)
+        except (AuthenticationError, AccessDeniedError, InvalidTopicError) as exc:
+            code = 0x86 if isinstance(exc, AuthenticationError) else _NOT_AUTHORIZED
+            self.node.logins.log_refusal(log, self.peer, f"MQTT login refused: {exc}")
+            await self._write(codec.connack(False, code))
+            self.listener.refused += 1
+            return False
+        except (StateError, ConfigurationError) as exc:
+            log.warning("MQTT login from %s refused: %s", self.peer, exc)
+            await self._write(codec.connack(False, 0x88))  # server unavailable
+            self.listener.refused += 1
+            return False
+        self.session = session
+        _own_retained(session)
+        self.will = will
+        self.keepalive = connect.keep_alive
+        server_keepalive = None
+        if level == MQTT_5 and (self.keepalive == 0 or self.keepalive > settings.max_keepalive):
+            self.keepalive = server_keepalive = settings.max_keepalive
+        self.client_max_packet = connect.max_packet_size
+        self.client_receive_max = connect.receive_max if level == MQTT_5 else 65535
+        expiry = min(connect.session_expiry_interval, settings.max_session_expiry)
+        present = await self._take_session(connect, expiry)
+        properties: dict[str, Any] = {}
+        if level == MQTT_5:
+            properties = {
+                "assigned_client_id": assigned,
+                "server_keep_alive": server_keepalive,
+                "receive_max": settings.receive_maximum,
+                "topic_alias_max": settings.topic_alias_maximum,
+                "max_packet_size": settings.max_packet_size,
+                "max_qos": _qos(2),
+                "subscription_id_available": False,
+            }
+            if expiry != connect.session_expiry_interval:
+                properties["session_expiry_interval"] = expiry
+        await self._write(codec.connack(present, 0, **properties))
+        self.listener.logins += 1
+        return True
+
+    async def _take_session(self, connect: ConnectPacket, expiry: int) -> bool:
+        """Take over the client id's session (or start one); whether one was present."""
+        registry = self.listener.registry
+        vpn = self.settings.vpn
+        state = registry.get(vpn, self.client_id)
+        if state is not None and state.connection is not None:
+            old = state.connection
+            old.taken_over = True
+            await old.stop()
+        if state is not None and connect.clean_start:
+            await registry.discard(state)
+            state = None
+        present = state is not None
+        if state is None:
+            state = registry.create(vpn, self.client_id, expiry)
+        state.expiry = expiry
+        state.connection = self
+        state.generation += 1
+        self.state = state
+        session = self.session
+        assert session is not None
+        for sub in state.subscriptions.values():  # QoS 0 ones are this connection's own
+            if not sub.queued:
+                for each in sub.filters:
+                    session.subscribe(each)
+        self._special = any(
+            s.no_local or s.retain_as_published for s in state.subscriptions.values()
+        )
+        return present
+
+    async def stop(self) -> None:
+        """End this connection (taken over by a new one) and wait until it has."""
+        if self._scope is not None:
+            self._scope.cancel()
+        elif self.session is not None:
+            self.session.close()
+        await self._ended.wait()
+
+    async def _run(self, reader: PacketReader) -> None:
+        async with anyio.create_task_group() as tg:
+            self._scope = tg.cancel_scope
+            self._tg = tg
+            tg.start_soon(self._guarded, self._deliver_direct)
+            state = self.state
+            if state is not None and state.queue is not None:
+                await self._bind(tg)
+            await self._guarded(self._read, reader)
+        if self._failure is not None:
+            raise self._failure
+
+    async def _guarded(self, part: Any, *args: Any) -> None:
+        """Run one part of the connection; the first to end ends the others, and what
+        ended it is raised by :meth:`_run` once they have all stopped."""
+        try:
+            await part(*args)
+        except _ENDINGS as exc:
+            if self._failure is None:
+                self._failure = exc
+        assert self._scope is not None
+        self._scope.cancel()
+
+    async def _end(self) -> None:
+        """After the connection: the will, the flow, and the session's fate."""
+        state, session = self.state, self.session
+        try:
+            if self.flow is not None:
+                flow, self.flow = self.flow, None
+                with suppress(MeshbusError):
+                    await flow.unbind()
+            if state is None or state.connection is not self:
+                return
+            state.connection = None
+            if session is not None and not session.closed:
+                for sub in state.subscriptions.values():
+                    if not sub.queued:
+                        for each in sub.filters:
+                            session.unsubscribe(each)
+            if self.will is not None and session is not None and not self.taken_over:
+                await self._publish_will(state, session)
+            if state.expiry == 0:
+                await self.listener.registry.discard(state)
+            else:
+                self.listener.registry.expire_later(state)
+        finally:
+            if session is not None:
+                session.close()
+            self._ended.set()
+
+    async def _publish_will(self, state: MqttSession, session: Session) -> None:
+        will = self.will
+        self.will = None
+        delay = min(will.will_delay_interval, state.expiry) if self.codec and self.codec.v5 else 0
+        if delay:
+            generation = state.generation
+            clock = self.node.clock
+            await clock.sleep_until(clock.monotonic() + delay)
+            if state.generation != generation or session.closed:
+                return  # the client came back within the delay: no will
+        try:
+            options = publish_options(will)
+            payload = will.payload or b""
+            if will.qos:
+                ttl = will.message_expiry_interval
+                await session.send(will.topic, payload, ttl=ttl, retain=will.retain, **options)
+            else:
+                session.publish(will.topic, payload, retain=will.retain, **options)
+            self.listener.wills += 1
+        except MeshbusError as exc:
+            log.warning("will of MQTT client %r not published: %s", self.client_id, exc)
+
+    # --- reading ------------------------------------------------------------------------
+
+    async def _read(self, reader: PacketReader) -> None:
+        stream = self.stream
+        codec = self.codec
+        assert codec is not None
+        read = codec.read
+        clock = self.node.clock
+        limit = self.keepalive * 1.5
+        while True:
+            with clock.move_on_after(limit) if limit else nullcontext() as waited:
+                data = await stream.receive(_READ_SIZE)
+            if waited is not None and waited.cancelled_caught:
+                raise _Closed("keepalive timed out", _KEEPALIVE_TIMEOUT)
+            for raw in reader.feed(data):
+                packet = read(raw)
+                if type(packet) is PublishPacket:
+                    await self._publish(packet)
+                else:
+                    await self._control(packet)
+
+    async def _control(self, packet: Any) -> None:
+        kind = type(packet)
+        codec = self.codec
+        assert codec is not None
+        if kind is PubAckPacket:
+            message = self._inflight.pop(packet.packet_id, None)
+            if message is not None and self.flow is not None:
+                self.flow.ack(message)
+        elif kind is PingReqPacket:
+            await self._write(codec.pingresp())
+        elif kind is SubscribePacket:
+            await self._subscribe(packet)
+        elif kind is UnsubscribePacket:
+            await self._unsubscribe(packet)
+        elif kind is PubRelPacket:
+            known = packet.packet_id in self._qos2
+            self._qos2.discard(packet.packet_id)
+            await self._write(codec.ack(7, packet.packet_id, 0 if known else 0x92))
+        elif kind is DisconnectPacket:
+            if packet.reason_code != 4:  # 4: disconnect with will message
+                self.will = None
+            state = self.state
+            expiry = packet.session_expiry_interval
+            if state is not None and expiry is not None:
+                if state.expiry == 0 and expiry:
+                    raise _Closed("session expiry set at DISCONNECT after 0", _PROTOCOL_ERROR)
+                state.expiry = min(expiry, self.settings.max_session_expiry)
+            raise _Closed("the client disconnected")
+        elif kind is ConnectPacket:
+            raise MalformedPacket("a second CONNECT", _PROTOCOL_ERROR)
+        elif kind in (PubRecPacket, PubCompPacket):
+            pass  # the node sends at most QoS 1: nothing of these is expected, nothing to do
+        else:
+            raise MalformedPacket(f"{kind.__name__} is not supported", _BAD_AUTH_METHOD)
+
+    async def _publish(self, packet: PublishPacket) -> None:
+        codec = self.codec
+        assert codec is not None
+        session = self.session
+        assert session is not None
+        topic = packet.topic
+        alias = packet.topic_alias
+        if alias is not None:
+            if not 0 < alias <= self.settings.topic_alias_maximum:
+                raise _Closed(f"topic alias {alias} is out of range", _TOPIC_ALIAS_INVALID)
+            if topic:
+                self._aliases[alias] = topic
+            else:
+                known = self._aliases.get(alias)
+                if known is None:
+                    raise _Closed(f"topic alias {alias} was never set", _PROTOCOL_ERROR)
+                topic = known
+        if "+" in topic or "#" in topic:
+            raise MalformedPacket("a PUBLISH topic holds a wildcard", _TOPIC_NAME_INVALID)
+        qos = packet.qos
+        options = publish_options(packet) if codec.v5 else {}
+        self.listener.received += 1
+        if qos == 0:
+            try:
+                session.publish(topic, packet.payload, retain=packet.retain, **options)
+            except InvalidTopicError as exc:
+                raise _Closed(f"topic {topic!r} is not valid: {exc}", _TOPIC_NAME_INVALID) from None
+            except (AccessDeniedError, PublishRejectedError) as exc:
+                self.listener.refused_publishes += 1
+                log.info("MQTT client %r: QoS 0 publish dropped: %s", self.client_id, exc)
+            return
+        packet_id = packet.packet_id
+        assert packet_id is not None
+        if qos == 2 and packet_id in self._qos2:
+            await self._write(codec.ack(5, packet_id))  # a resend: it was taken already
+            return
+        if qos == 2 and len(self._qos2) >= self.settings.receive_maximum:
+            raise _Closed("more QoS 2 publishes in flight than allowed", _RECEIVE_MAX_EXCEEDED)
+        reason = await self._send(session, topic, packet, options)
+        if qos == 2:
+            if reason < 0x80:
+                self._qos2.add(packet_id)
+            await self._write(codec.ack(5, packet_id, reason))
+        else:
+            await self._write(codec.ack(4, packet_id, reason))
+
+    async def _send(
+        self, session: Session, topic: str, packet: PublishPacket, options: dict[str, Any]
+    ) -> int:
+        """Publish a QoS 1/2 message as a persistent guaranteed one; its reason code."""
+        try:
+            await session.send(
+                topic,
+                packet.payload,
+                ttl=packet.message_expiry_interval,
+                retain=packet.retain,
+                **options,
+            )
+        except InvalidTopicError:
+            return _TOPIC_NAME_INVALID
+        except AccessDeniedError:
+            self.listener.refused_publishes += 1
+            return _NOT_AUTHORIZED
+        except (PublishRejectedError, LimitExceededError) as exc:
+            self.listener.refused_publishes += 1
+            log.info("MQTT client %r: publish to %r refused: %s", self.client_id, topic, exc)
+            return _QUOTA_EXCEEDED
+        except MeshbusError as exc:
+            log.warning("MQTT client %r: publish to %r failed: %s", self.client_id, topic, exc)
+            return _IMPLEMENTATION_SPECIFIC
+        return 0
+
+    # --- subscriptions -----------------------------------------------------------------
+
+    async def _subscribe(self, packet: SubscribePacket) -> None:
+        codec = self.codec
+        state = self.state
+        session = self.session
+        assert codec is not None
+        assert state is not None
+        assert session is not None
+        codes: list[int] = []
+        fresh: list[tuple[Subscribed, bool]] = []
+        for wanted in packet.topic_filters:
+            try:
+                sub = Subscribed(
+                    wanted.pattern,
+                    min(int(wanted.max_qos), 1),
+                    from_mqtt_filter(wanted.pattern),
+                    bool(wanted.no_local),
+                    bool(wanted.retain_as_published) and codec.v5,
+                )
+                if sub.no_local and sub.filters[0].startswith("#share/"):
+                    raise _Closed("no-local on a shared subscription", _PROTOCOL_ERROR)
+                existed = wanted.pattern in state.subscriptions
+                await self._apply(state, session, sub)
+            except InvalidTopicError:
+                codes.append(_TOPIC_FILTER_INVALID)
+                continue
+            except AccessDeniedError:
+                codes.append(_NOT_AUTHORIZED)
+                continue
+            except (LimitExceededError, PublishRejectedError):
+                codes.append(_QUOTA_EXCEEDED)
+                continue
+            except MeshbusError as exc:
+                log.warning(
+                    "MQTT client %r: subscription %r failed: %s",
+                    self.client_id,
+                    wanted.pattern,
+                    exc,
+                )
+                codes.append(_UNSPECIFIED)
+                continue
+            codes.append(sub.qos)
+            handling = int(wanted.retain_handling) if codec.v5 else 0
+            if handling == 0 or (handling == 1 and not existed):
+                fresh.append((sub, True))
+        self._special = any(
+            s.no_local or s.retain_as_published for s in state.subscriptions.values()
+        )
+        await self._write(codec.suback(packet.packet_id, codes))
+        for sub, _ in fresh:
+            if not sub.filters[0].startswith("#share/"):
+                await self._send_retained(sub)
+
+    async def _apply(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
+        old = state.subscriptions.get(sub.mqtt_filter)
+        if sub.queued:
+            registry = self.listener.registry
+            queue = registry.ensure_queue(state, self.settings.max_queued_messages)
+            service: Any = self.node.guaranteed
+            for each in sub.filters:
+                session.check_subscribe_acl(each)
+                service.add_subscription(queue, each, vpn=state.vpn)
+            if self.flow is None and self._tg is not None:
+                await self._bind(self._tg)
+        else:
+            for each in sub.filters:
+                session.subscribe(each)
+        if old is not None and old.queued != sub.queued:
+            self._remove(state, session, old)
+        state.subscriptions[sub.mqtt_filter] = sub
+
+    def _remove(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
+        if sub.queued:
+            if state.queue is not None:
+                service: Any = self.node.guaranteed
+                for each in sub.filters:
+                    service.remove_subscription(state.queue, each, vpn=state.vpn)
+        else:
+            for each in sub.filters:
+                session.unsubscribe(each)
+
+    async def _unsubscribe(self, packet: UnsubscribePacket) -> None:
+        codec = self.codec
+        state = self.state
+        session = self.session
+        assert codec is not None
+        assert state is not None
+        assert session is not None
+        codes = []
+        for pattern in packet.patterns:
+            sub = state.subscriptions.pop(pattern, None)
+            if sub is None:
+                codes.append(_NO_SUBSCRIPTION)
+                continue
+            self._remove(state, session, sub)
+            codes.append(0)
+        await self._write(codec.unsuback(packet.packet_id, codes))
+
+    async def _send_retained(self, sub: Subscribed) -> None:
+        try:
+            from meshbus.plugins.retained import retained_store
+
+            store = retained_store(self.session.vpn)  # type: ignore[union-attr]
+        except (ConfigurationError, ImportError):
+            return  # the node keeps no retained values
+        seen: set[str] = set()
+        found: list[Message] = []
+        for each in sub.filters:
+            for message in store.matching(each):
+                if message.topic not in seen:
+                    seen.add(message.topic)
+                    found.append(message)
+        codec = self.codec
+        assert codec is not None
+        for message in found:
+            if sub.no_local and message.sender == self.client_id:
+                continue
+            store.delivered += 1
+            await self._write(self._encode(message, 0, None, True))
+
+    # --- delivering -------------------------------------------------------------------
+
+    async def _bind(self, tg: anyio.abc.TaskGroup) -> None:
+        state, session = self.state, self.session
+        assert state is not None
+        assert session is not None
+        assert state.queue is not None
+        window = min(self.settings.max_inflight, self.client_receive_max)
+        self.flow = await session.bind(state.queue, window=window)
+        tg.start_soon(self._guarded, self._deliver_queued, self.flow)
+
+    def _skip(self, message: Message) -> bool:
+        """Whether no-local keeps ``message`` from the client (only when asked for)."""
+        if message.sender != self.client_id or self.state is None:
+            return False
+        matching = [  # shared subscriptions take no no-local: they are left out
+            s
+            for s in self.state.subscriptions.values()
+            if not s.filters[0].startswith("#share/")
+            and any(filter_matches(f, message.topic) for f in s.filters)
+        ]
+        return bool(matching) and all(s.no_local for s in matching)
+
+    def _retain_flag(self, message: Message) -> bool:
+        if message.retained:
+            return True
+        if not message.retain or not self._special or self.state is None:
+            return False
+        return any(
+            s.retain_as_published and any(filter_matches(f, message.topic) for f in s.filters)
+            for s in self.state.subscriptions.values()
+        )
+
+    def _encode(self, message: Message, qos: int, packet_id: int | None, retain: bool) -> bytes:
+        codec = self.codec
+        assert codec is not None
+        properties = v5_properties(message, self.node.clock.time()) if codec.v5 else None
+        return codec.publish(
+            message.topic,
+            message.payload,
+            qos,
+            packet_id,
+            retain,
+            message.redelivered and qos > 0,
+            properties,
+        )
+
+    async def _deliver_direct(self) -> None:
+        session = self.session
+        assert session is not None
+        limit = self.client_max_packet
+        while True:
+            try:
+                message = await session.receive()
+            except StateError:
+                code = _SESSION_TAKEN_OVER if self.taken_over else _SERVER_SHUTTING_DOWN
+                raise _Closed("the session was closed by the node", code) from None
+            batch = [message]
+            while len(batch) < _BATCH:
+                more = session.receive_nowait()
+                if more is None:
+                    break
+                batch.append(more)
+            out = []
+            for each in batch:
+                if self._special and self._skip(each):
+                    continue
+                data = self._encode(each, 0, None, self._retain_flag(each))
+                if limit is not None and len(data) > limit:
+                    self.listener.too_large += 1
+                    continue
+                out.append(data)
+            if out:
+                self.listener.sent += len(out)
+                await self._write(b"".join(out))
+
+    async def _deliver_queued(self, flow: Flow) -> None:
+        limit = self.client_max_packet
+        while True:
+            try:
+                message = await flow.receive()
+            except (MeshbusError, StopAsyncIteration):
+                raise _Closed(
+                    "the queue's flow was closed by the node", _SERVER_SHUTTING_DOWN
+                ) from None
+            if self._special and self._skip(message):
+                flow.ack(message)
+                continue
+            if message.delivery_mode is _PERSISTENT:
+                packet_id = self._packet_id()
+                data = self._encode(message, 1, packet_id, self._retain_flag(message))
+                if limit is not None and len(data) > limit:
+                    self.listener.too_large += 1
+                    flow.ack(message)
+                    continue
+                self._inflight[packet_id] = message
+            else:  # a QoS 0 (or non-persistent) message matching a QoS 1 subscription
+                data = self._encode(message, 0, None, self._retain_flag(message))
+                flow.ack(message)
+            self.listener.sent += 1
+            await self._write(data)
+
+    def _packet_id(self) -> int:
+        inflight = self._inflight
+        while True:
+            self._next_id = self._next_id % 65535 + 1
+            if self._next_id not in inflight:
+                return self._next_id
+
+    # --- writing ----------------------------------------------------------------------
+
+    async def _write(self, data: bytes) -> None:
+        if not data:
+            return
+        async with self._write_lock:
+            await self.stream.send(data)
+
+    async def _say_disconnect(self, code: int, why: str) -> None:
+        codec = self.codec
+        if codec is None or not codec.v5 or self.session is None:
+            return
+        try:
+            with anyio.move_on_after(1):
+                await self._write(codec.disconnect(code, why[:200]))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ValueError):
+            pass
+
+
+def _qos(value: int) -> Any:
+    from mqtt5 import QoS
+
+    return QoS(value)
+
+
+def _own_retained(session: Session) -> None:
+    """Tell the retained plugin this session hands out retained values itself."""
+    try:
+        from meshbus.plugins.retained import OWN_RETAINED
+    except ImportError:
+        return
+    session.stash[OWN_RETAINED] = True

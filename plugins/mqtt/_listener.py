@@ -1,0 +1,216 @@
+"""An MQTT listener: accepts TCP (or TLS) connections and serves each as a client."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+
+import anyio
+import anyio.abc
+import attrs
+from anyio.streams.tls import TLSAttribute, TLSStream
+
+from meshbus import Node, StashKey, TransportError
+from meshbus.transports import (
+    adopt_tcp_stream,
+    certificate_common_name,
+    peer_address,
+    peer_name,
+)
+
+from ._connection import MqttConnection
+from ._sessions import SessionRegistry
+from ._settings import MqttListenerSettings
+
+__all__ = ["MqttListener", "MqttListenerStatistics", "start_mqtt_listener"]
+
+log = logging.getLogger("meshbus.mqtt")
+
+
+@attrs.frozen
+class MqttListenerStatistics:
+    """What an MQTT listener has done."""
+
+    accepted: int
+    """TCP connections accepted."""
+    connected: int
+    """Clients connected now."""
+    logins: int
+    """CONNECTs accepted."""
+    refused: int
+    """CONNECTs refused (credentials, ACL, protocol version, client id)."""
+    turned_away: int
+    """Connections closed at once: ``max_unauthenticated`` were logging in already."""
+    malformed: int
+    """Connections closed for a packet that broke the protocol."""
+    received: int
+    """PUBLISH packets taken from clients."""
+    sent: int
+    """PUBLISH packets sent to clients."""
+    refused_publishes: int
+    """Publishes the node refused (ACL, limits)."""
+    too_large: int
+    """Messages not sent: over the client's maximum packet size."""
+    wills: int
+    """Will messages published."""
+
+
+class MqttListener:
+    """One MQTT listener of a node; made by :func:`start_mqtt_listener`, closes with it."""
+
+    def __init__(
+        self, node: Node, settings: MqttListenerSettings, registry: SessionRegistry
+    ) -> None:
+        self.node = node
+        self.settings = settings
+        self.registry = registry
+        self.host = settings.host
+        self.port = settings.port
+        self._context: ssl.SSLContext | None = (
+            settings.tls.server_context() if settings.tls is not None else None
+        )
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+        self.connections: set[MqttConnection] = set()
+        self.accepted = self.logins = self.refused = self.turned_away = self.malformed = 0
+        self.received = self.sent = self.refused_publishes = self.too_large = self.wills = 0
+        self.logging_in = 0
+
+    def __repr__(self) -> str:
+        return f"<MqttListener {self.url}>"
+
+    @property
+    def url(self) -> str:
+        """``mqtt://host:port`` (``mqtts://`` with TLS)."""
+        scheme = "mqtts" if self._context is not None else "mqtt"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
+
+    def statistics(self) -> MqttListenerStatistics:
+        """Counts, now."""
+        return MqttListenerStatistics(
+            self.accepted,
+            sum(1 for c in self.connections if c.session is not None),
+            self.logins,
+            self.refused,
+            self.turned_away,
+            self.malformed,
+            self.received,
+            self.sent,
+            self.refused_publishes,
+            self.too_large,
+            self.wills,
+        )
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        try:
+            try:
+                listener = await anyio.create_tcp_listener(
+                    local_host=self.host, local_port=self.settings.port
+                )
+            except OSError as exc:
+                raise TransportError(
+                    f"cannot listen for MQTT on {self.host}:{self.settings.port}: {exc}"
+                ) from exc
+            async with listener, anyio.create_task_group() as tg:
+                self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+                self._scope = tg.cancel_scope
+                task_status.started()
+                log.info("listening for MQTT on %s", self.url)
+                await listener.serve(self._accepted, task_group=tg)
+        finally:
+            self._stopped.set()
+
+    async def aclose(self) -> None:
+        """Stop accepting and close every connection."""
+        if self._scope is not None:
+            self._scope.cancel()
+        await self._stopped.wait()
+
+    async def _accepted(self, stream: anyio.abc.ByteStream) -> None:
+        self.accepted += 1
+        peer, address = peer_name(stream), peer_address(stream)
+        if self.logging_in >= self.settings.max_unauthenticated:
+            self.turned_away += 1
+            await anyio.aclose_forcefully(stream)
+            return
+        self.logging_in += 1
+        logged_in = anyio.Event()
+        counted = True
+        try:
+            stream = adopt_tcp_stream(stream)
+            certificate_name = None
+            if self._context is not None:
+                try:
+                    with self.node.clock.fail_after(self.settings.connect_timeout):
+                        stream = await TLSStream.wrap(
+                            stream,
+                            server_side=True,
+                            ssl_context=self._context,
+                            standard_compatible=False,
+                        )
+                except (
+                    TimeoutError,
+                    ssl.SSLError,
+                    OSError,
+                    anyio.BrokenResourceError,
+                    anyio.EndOfStream,
+                ) as exc:
+                    log.info(
+                        "MQTT TLS handshake with %s failed: %s",
+                        peer,
+                        str(exc) or type(exc).__name__,
+                    )
+                    await anyio.aclose_forcefully(stream)
+                    return
+                certificate_name = certificate_common_name(
+                    stream.extra(TLSAttribute.peer_certificate, None)
+                )
+            connection = MqttConnection(self, stream, peer, address, certificate_name)
+            self.connections.add(connection)
+            try:
+                async with anyio.create_task_group() as tg:
+
+                    async def release() -> None:
+                        nonlocal counted
+                        await logged_in.wait()
+                        if counted:
+                            counted = False
+                            self.logging_in -= 1
+
+                    tg.start_soon(release)
+                    await connection.serve(logged_in)
+            except Exception:  # a bug costs one connection, never the listener
+                log.exception("closing MQTT connection from %s: internal error", peer)
+            finally:
+                self.connections.discard(connection)
+        finally:
+            if counted:
+                counted = False
+                self.logging_in -= 1
+
+
+LISTENERS: StashKey[list[MqttListener]] = StashKey()
+"""The node's MQTT listeners (``node.stash``)."""
+REGISTRY: StashKey[SessionRegistry] = StashKey()
+"""The node's MQTT sessions (``node.stash``)."""
+
+
+async def start_mqtt_listener(
+    node: Node, settings: MqttListenerSettings | None = None
+) -> MqttListener:
+    """Start an MQTT listener in ``node`` (which must be running); it closes with the node.
+
+    :raises ConfigurationError: the TLS settings are not usable.
+    :raises TransportError: the address cannot be bound.
+    """
+    registry = node.stash.get(REGISTRY, None)
+    if registry is None:
+        registry = node.stash[REGISTRY] = SessionRegistry(node)
+    listener = MqttListener(node, settings or MqttListenerSettings(), registry)
+    node.vpn(listener.settings.vpn)  # refuses an unknown VPN now, not at each login
+    await node.task_group.start(
+        listener.run, name=f"meshbus mqtt listener {listener.settings.label}"
+    )
+    node.stash.setdefault(LISTENERS, []).append(listener)
+    return listener

@@ -1,0 +1,145 @@
+"""MQTT sessions: what a client's subscriptions and queue are, across its connections.
+
+A session lives in the node as long as its client is connected and, once it is
+not, for the session expiry interval the client asked for (capped by the
+listener): a persistent MQTT 3.1.1 session (clean session 0) until the client
+cleans it. Its QoS 0 subscriptions are subscriptions of the meshbus session each
+connection opens; its QoS 1 ones are subscriptions of a queue of its own
+(``mqtt/<client id>``), so messages published while it is away wait there and
+reach it when it comes back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import attrs
+
+from meshbus import ConfigurationError, MeshbusError, Node, StateError
+
+if TYPE_CHECKING:
+    from ._connection import MqttConnection
+
+__all__ = ["MqttSession", "SessionRegistry", "Subscribed", "queue_name"]
+
+log = logging.getLogger("meshbus.mqtt")
+
+NEVER = 0xFFFFFFFF
+"""A session expiry interval that never ends."""
+
+
+@attrs.frozen
+class Subscribed:
+    """One MQTT subscription of a session, and what it is in meshbus."""
+
+    mqtt_filter: str
+    """As the client gave it."""
+    qos: int
+    """The QoS granted (0 or 1)."""
+    filters: tuple[str, ...]
+    """The meshbus subscriptions it is (``#share/...`` for a shared one)."""
+    no_local: bool = False
+    """MQTT 5: never send the client what it published itself."""
+    retain_as_published: bool = False
+    """MQTT 5: keep the retain flag of live messages as published."""
+
+    @property
+    def queued(self) -> bool:
+        """Whether it is a subscription of the session's queue (QoS 1, not shared)."""
+        return self.qos > 0 and not self.filters[0].startswith("#share/")
+
+
+def queue_name(client_id: str) -> str:
+    """The queue of a client's QoS 1 subscriptions: ``mqtt/<client id>``, or a digest
+    of the id when it holds what a queue name may not."""
+    if client_id and len(client_id) <= 160 and not any(c in client_id for c in "*>\x00#"):
+        return f"mqtt/{client_id}"
+    return "mqtt/~" + hashlib.sha256(client_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class MqttSession:
+    """The state of one client id in one VPN."""
+
+    def __init__(self, vpn: str, client_id: str, expiry: int) -> None:
+        self.vpn = vpn
+        self.client_id = client_id
+        self.expiry = expiry
+        self.subscriptions: dict[str, Subscribed] = {}
+        self.queue: str | None = None
+        self.connection: MqttConnection | None = None
+        self.generation = 0  # bumped at each connection: timers of an older one stand down
+
+    def __repr__(self) -> str:
+        return f"<MqttSession {self.client_id!r} vpn={self.vpn!r}>"
+
+
+class SessionRegistry:
+    """Every MQTT session of a node, by VPN and client id."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.sessions: dict[tuple[str, str], MqttSession] = {}
+        self.expired = 0
+
+    def get(self, vpn: str, client_id: str) -> MqttSession | None:
+        return self.sessions.get((vpn, client_id))
+
+    def create(self, vpn: str, client_id: str, expiry: int) -> MqttSession:
+        session = MqttSession(vpn, client_id, expiry)
+        self.sessions[(vpn, client_id)] = session
+        return session
+
+    async def discard(self, session: MqttSession) -> None:
+        """Forget ``session`` and delete its queue (and what waits in it)."""
+        if self.sessions.get((session.vpn, session.client_id)) is session:
+            del self.sessions[(session.vpn, session.client_id)]
+        queue, session.queue = session.queue, None
+        if queue is not None:
+            try:
+                await self.node.guaranteed.delete_queue(queue, vpn=session.vpn)  # type: ignore[attr-defined]
+            except StateError:  # gone already: its VPN was removed, or the node stops
+                pass
+            except (MeshbusError, KeyError) as exc:
+                log.warning(
+                    "queue %r of MQTT client %r not deleted: %s", queue, session.client_id, exc
+                )
+
+    def ensure_queue(self, session: MqttSession, max_messages: int) -> str:
+        """The session's queue, made when its first QoS 1 subscription comes."""
+        if session.queue is None:
+            name = queue_name(session.client_id)
+            service: Any = self.node.guaranteed
+            # One left from before with other settings is taken as it is.
+            with contextlib.suppress(StateError):
+                service.create_queue(name, vpn=session.vpn, max_messages=max_messages)
+            session.queue = name
+        return session.queue
+
+    def expire_later(self, session: MqttSession) -> None:
+        """Discard ``session`` once its expiry interval has passed with no connection."""
+        if session.expiry >= NEVER:
+            return
+        generation = session.generation
+
+        async def expire() -> None:
+            clock = self.node.clock
+            await clock.sleep_until(clock.monotonic() + session.expiry)
+            if session.generation == generation and session.connection is None:
+                self.expired += 1
+                with anyio.CancelScope(shield=True):
+                    await self.discard(session)
+
+        name = f"meshbus mqtt expiry {session.client_id}"
+        with contextlib.suppress(StateError):  # the node is stopping: nothing outlives it
+            self.node.task_group.start_soon(expire, name=name)
+
+    async def close(self) -> None:
+        """At node stop: sessions that would not outlive their connection go."""
+        for session in list(self.sessions.values()):
+            if session.expiry == 0:
+                with contextlib.suppress(ConfigurationError):
+                    await self.discard(session)

@@ -1,0 +1,86 @@
+"""What an MQTT PUBLISH is as a meshbus message, and back (SPEC 13).
+
+* Topics are the same strings: MQTT topic names have no wildcards, and meshbus takes
+  any level text (a topic starting with ``#`` is reserved in meshbus and refused).
+  Filters go through :func:`meshbus.from_mqtt_filter`, the one place the two syntaxes
+  meet (``+`` is ``*``, ``a/#`` is ``a`` and ``a/>``, ``$share/g/f`` is ``#share/g/f``).
+* QoS 0 is a direct message; QoS 1 and 2 are persistent guaranteed messages.
+* MQTT 5 user properties are the message's headers (string values; another value
+  goes out as its JSON text), the response topic is the reply-to, the correlation
+  data the correlation id (bytes as Latin-1 text, so any bytes survive), the message
+  expiry interval the TTL, and the content type the header ``content-type``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+
+from meshbus import Message
+
+__all__ = ["CONTENT_TYPE", "correlation_bytes", "publish_options", "v5_properties"]
+
+CONTENT_TYPE = "content-type"
+"""The header an MQTT 5 content type is kept in."""
+
+
+def publish_options(packet: Any) -> dict[str, Any]:
+    """The keyword arguments of a meshbus publish/send for an MQTT 5 PUBLISH's properties
+    (empty for one without any, so the plain publish stays on its fast path)."""
+    options: dict[str, Any] = {}
+    properties = packet.user_properties
+    content_type = packet.content_type
+    if properties or content_type is not None:
+        headers = dict(properties)
+        if content_type is not None:
+            headers[CONTENT_TYPE] = content_type
+        options["headers"] = headers
+    if packet.response_topic is not None:
+        options["reply_to"] = packet.response_topic
+    data = packet.correlation_data
+    if data is not None:
+        options["correlation_id"] = data.decode("latin-1")
+    return options
+
+
+def correlation_bytes(correlation_id: str) -> bytes:
+    """A correlation id as MQTT 5 correlation data (the inverse of Latin-1 text)."""
+    try:
+        return correlation_id.encode("latin-1")
+    except UnicodeEncodeError:  # set by a meshbus client: its UTF-8 bytes
+        return correlation_id.encode("utf-8")
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode("utf-8")
+
+
+def v5_properties(message: Message, now: float) -> dict[str, Any] | None:
+    """The MQTT 5 PUBLISH properties of ``message`` (``None`` when it has none)."""
+    options = message.options
+    headers = options.headers
+    if (
+        not headers
+        and options.reply_to is None
+        and options.correlation_id is None
+        and options.expires_at is None
+    ):
+        return None
+    properties: dict[str, Any] = {}
+    if headers:
+        pairs = [(str(k), _text(v)) for k, v in headers.items() if k != CONTENT_TYPE]
+        if pairs:
+            properties["user_properties"] = pairs
+        content_type = headers.get(CONTENT_TYPE)
+        if isinstance(content_type, str):
+            properties["content_type"] = content_type
+    if options.reply_to is not None:
+        properties["response_topic"] = options.reply_to
+    if options.correlation_id is not None:
+        properties["correlation_data"] = correlation_bytes(options.correlation_id)
+    if options.expires_at is not None:
+        left = options.expires_at - now
+        properties["message_expiry_interval"] = max(1, math.ceil(left)) if left > 0 else 1
+    return properties or None
