@@ -34,6 +34,15 @@ EXPECTED: dict[str, list[str]] = {
         "a's queue holds 0 messages",
         "link pair-b: forwarded=1 interest=1",
     ],
+    "mqtt_devices.py": [
+        "valve-3 got commands/valve-3/open: 50% (QoS 1)",
+        "valve-3 back, session present: True",
+        "valve-3 got commands/valve-3/close: now (QoS 1)",
+        "app got readings/meter-1/kwh: 40 from meter-1",
+        "app got devices/meter-1/online: false from meter-1 (retain)",
+        "a late subscriber is told devices/meter-1/online: false",
+        "listener: 3 logins, 1 will",
+    ],
     "dmr_mesh.py": [
         "us-1 learned from eu-2: ['fx/eur-usd']",
         "desks got: ['1.0842', '1.0842', '1.0842']",

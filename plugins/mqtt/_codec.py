@@ -378,6 +378,9 @@ class Codec:
     def __init__(self, level: int) -> None:
         self.level = level
         self.v5 = level == MQTT_5
+        #: ``read(packet) -> Packet``: one whole packet (from a :class:`PacketReader`)
+        #: decoded into the ``mqtt5`` package's packet classes, whatever the level;
+        #: :class:`MalformedPacket` for anything that is not a valid client packet.
         self.read = _read5 if self.v5 else _read311
 
     def connack(self, session_present: bool, reason: int, **properties: Any) -> bytes:

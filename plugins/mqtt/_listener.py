@@ -65,6 +65,7 @@ class MqttListener:
         self.settings = settings
         self.registry = registry
         self.host = settings.host
+        #: The port it listens on (the one the system picked when ``settings.port`` is 0).
         self.port = settings.port
         self._context: ssl.SSLContext | None = (
             settings.tls.server_context() if settings.tls is not None else None

@@ -1,0 +1,94 @@
+"""MQTT devices on a meshbus node: an edge gateway in one process.
+
+A node opens an MQTT listener on a free port. Two "devices" are paho-mqtt clients
+(pip install paho-mqtt): a meter that publishes readings (QoS 0), its state
+(retained) and a will, and a valve that keeps a persistent session with a QoS 1
+subscription. The application beside them is a native meshbus session: it reads
+what the devices publish and sends commands back, one of them while the valve is
+offline, which the valve gets when it reconnects.
+
+Run: python examples/mqtt_devices.py
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+
+import anyio
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from meshbus import Node
+from meshbus.plugins.mqtt import MqttListenerSettings, start_mqtt_listener
+
+
+def device(port: int, client_id: str, *, clean: bool = True) -> tuple[mqtt.Client, queue.Queue]:
+    """A connected paho client whose messages land in a queue."""
+    inbox: queue.Queue = queue.Queue()
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
+    client.on_message = lambda c, u, m: inbox.put(m)
+    client.on_subscribe = lambda c, u, mid, codes, p: inbox.put("subscribed")
+    connected: queue.Queue = queue.Queue()
+    client.on_connect = lambda c, u, flags, reason, p: connected.put(flags.session_present)
+    client.will_set(f"devices/{client_id}/online", b"false", qos=1, retain=True)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    client.session_present = connected.get(timeout=5)  # type: ignore[attr-defined]
+    return client, inbox
+
+
+def run_devices(port: int, command: Callable[[str, bytes], None]) -> None:
+    meter, _ = device(port, "meter-1")
+    meter.publish("devices/meter-1/online", b"true", qos=1, retain=True).wait_for_publish(5)
+    for kwh in (40, 41):
+        meter.publish("readings/meter-1/kwh", str(kwh).encode(), qos=0)
+
+    valve, inbox = device(port, "valve-3", clean=False)
+    valve.subscribe("commands/valve-3/#", qos=1)
+    assert inbox.get(timeout=5) == "subscribed"
+    command("commands/valve-3/open", b"50%")
+    message = inbox.get(timeout=5)
+    print(f"valve-3 got {message.topic}: {message.payload.decode()} (QoS {message.qos})")
+    valve.disconnect()
+    valve.loop_stop()
+    command("commands/valve-3/close", b"now")  # while the valve is away
+
+    valve, inbox = device(port, "valve-3", clean=False)
+    print(f"valve-3 back, session present: {valve.session_present}")  # type: ignore[attr-defined]
+    message = inbox.get(timeout=5)
+    print(f"valve-3 got {message.topic}: {message.payload.decode()} (QoS {message.qos})")
+    valve.disconnect()
+    valve.loop_stop()
+    meter.loop_stop()
+    meter.socket().close()  # the meter loses power: its will is published
+
+
+async def main() -> None:
+    async with Node(name="edge") as node:
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        app = node.connect(client_name="app")
+        app.subscribe("readings/>")
+        app.subscribe("devices/*/online")
+
+        def command(topic: str, payload: bytes) -> None:  # from the devices' thread
+            anyio.from_thread.run(app.send, topic, payload)
+
+        await anyio.to_thread.run_sync(run_devices, listener.port, command)
+        while listener.statistics().wills == 0:  # the node notices the meter's cut
+            await anyio.sleep(0.01)
+        for message in iter(app.receive_nowait, None):
+            flag = " (retain)" if message.retain else ""
+            body = message.payload.decode()
+            print(f"app got {message.topic}: {body} from {message.sender}{flag}")
+        late = node.connect(client_name="late")
+        late.subscribe("devices/*/online")
+        kept = late.receive_nowait()
+        assert kept is not None
+        print(f"a late subscriber is told {kept.topic}: {kept.payload.decode()}")
+        figures = listener.statistics()
+        print(f"listener: {figures.logins} logins, {figures.wills} will")
+
+
+if __name__ == "__main__":
+    anyio.run(main)
