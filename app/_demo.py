@@ -20,6 +20,7 @@ from meshbus import (
     ClientProfile,
     Node,
 )
+from meshbus.app._demo_mqtt import mqtt_demo
 
 
 def _say(title: str) -> None:
@@ -605,4 +606,5 @@ def main() -> None:
     anyio.run(mesh_demo)
     anyio.run(bridge_demo)
     anyio.run(routing_demo)
+    anyio.run(mqtt_demo)
     anyio.run(spark_demo)

@@ -56,6 +56,11 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "bridge 'to-office' (site -> office) in-sync" in out
     assert "office clerk got site-7/alarms/press-3 = overheated from 'press-3'" in out
     assert "site operator got orders/17 = 400 parts from 'erp' (hop count 1)" in out
+    # MQTT: a device on the node's own listener, both ways, and a retained value
+    assert "MQTT 5 client 'meter-1' connected to mqtt://127.0.0.1:" in out
+    assert "native app got readings/meter-1/kwh = 42 from 'meter-1', headers {'unit': 'kWh'}" in out
+    assert "meter-1 got commands/meter-1/reset = now at QoS 1 (its queue: mqtt/meter-1)" in out
+    assert "a session subscribing later gets state/meter-1 = online (retained=True)" in out
     # a pair of bridges between two nodes: one connection, both ways, a queue drained
     assert "plant reusing, hq in-sync; 1 connection between them" in out
     assert "hq board got alarms/press-3 = jammed; plant robot got commands/press-3 = stop" in out
