@@ -60,7 +60,7 @@ from meshbus.abc import Flow
 __all__ = ["KINDS", "REASON", "SETTINGS", "HopCountSettings", "configure", "dropped"]
 
 #: The kinds of link whose messages are counted.
-KINDS = frozenset({"bridge"})
+KINDS = frozenset({"bridge", "mqtt"})
 #: What a drop is counted under.
 REASON = "hop_limit"
 

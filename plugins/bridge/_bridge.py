@@ -118,6 +118,10 @@ class BridgeSettings:
     """While connected to a remote other than the first, move back to a better-ordered
     one once it takes the login again."""
     fail_back_interval: float = attrs.field(default=30.0, validator=_seconds)
+    mqtt: Any = None
+    """For ``mqtt://`` and ``mqtts://`` remotes (external MQTT brokers): a
+    :class:`~meshbus.plugins.mqtt.MqttBridgeOptions` (a mapping of its fields is
+    taken too); ``None``: its defaults."""
     """Seconds between attempts to reach the better-ordered remotes."""
 
 
@@ -200,7 +204,7 @@ class Bridge:
             self._unwant(topic_filter)
 
     def _want(self, topic_filter: str) -> None:
-        if isinstance(self.link, WireLink):
+        if isinstance(self.link, WireLink) or hasattr(self.link, "want"):
             self.link.want(topic_filter)  # kept for when it dials again
             if self.carrier is not None:
                 self.carrier.want(topic_filter)
@@ -208,7 +212,7 @@ class Bridge:
             self._far.add_interest(topic_filter)
 
     def _unwant(self, topic_filter: str) -> None:
-        if isinstance(self.link, WireLink):
+        if isinstance(self.link, WireLink) or hasattr(self.link, "unwant"):
             self.link.unwant(topic_filter)
             if self.carrier is not None:
                 self.carrier.unwant(topic_filter)
@@ -297,7 +301,7 @@ class Bridge:
         for scope in self._pulls:
             scope.cancel()
         link = self.link
-        if isinstance(link, (WireLink, LocalLink)):
+        if isinstance(link, (WireLink, LocalLink)) or hasattr(link, "stop"):
             link.stop(reason)
 
     def statistics(self) -> LinkStatistics:
@@ -389,7 +393,11 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
     bridge = Bridge(vpn, settings)
     hops = bridge.hops
     name = f"bridge/{settings.name}"
-    if settings.remotes:
+    if settings.remotes and _to_mqtt(settings.remotes):
+        from ._mqtt import open_mqtt_link
+
+        link = open_mqtt_link(vpn, bridge, name)
+    elif settings.remotes:
         connect = ConnectSettings(
             settings.remotes,
             vpn=settings.remote_vpn,
@@ -428,7 +436,7 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
     link.stash[HOP_SETTINGS] = hops
     bridge.link = link
     vpn.links.attach(link)
-    if isinstance(link, WireLink):
+    if isinstance(link, WireLink) or hasattr(link, "run"):
         vpn.node.task_group.start_soon(link.run, name=f"meshbus bridge {settings.name}")
     else:
         assert bridge._far is not None
@@ -438,6 +446,16 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
         for queue in settings.queues:
             vpn.node.task_group.start_soon(bridge._pull_local, queue)
     return bridge
+
+
+def _to_mqtt(remotes: tuple[Any, ...]) -> bool:
+    """Whether the remotes are MQTT brokers (all of them; a mix is refused)."""
+    from meshbus.plugins.mqtt import is_mqtt_url
+
+    kinds = {is_mqtt_url(r) for r in remotes}
+    if len(kinds) > 1:
+        raise ConfigurationError("a bridge's remotes are all MQTT brokers or all meshbus nodes")
+    return kinds == {True}
 
 
 CARRIES = StashKey[Bridge]()

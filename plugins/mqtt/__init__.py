@@ -23,10 +23,25 @@ certificates and ACLs, and publish and subscribe beside native sessions:
 A packet that breaks the protocol (malformed, truncated, over the packet size
 limit, or anything before CONNECT) closes its connection only.
 
+A bridge (``open_bridge`` or ``[[vpns.NAME.bridges]]``) whose remotes are
+``mqtt://`` or ``mqtts://`` URLs connects to an external MQTT broker (mosquitto,
+HiveMQ, ...) through an :class:`MqttLink`: the HiveMQ bridge's job, with the bridge's
+topic mappings, hop counting (the ``hmq-bridge-hop-count`` user property on MQTT 5),
+counters, backoff and failover.
+
 Not done: WebSocket listeners, enhanced authentication (AUTH), subscription
 identifiers, topic aliases from the node to the client, and QoS 2 to subscribers.
 """
 
+from ._bridge_link import (
+    HOP_COUNT_PROPERTY,
+    MqttBridgeOptions,
+    MqttLink,
+    MqttRemote,
+    is_mqtt_url,
+    parse_mqtt_url,
+    to_mqtt_filter,
+)
 from ._codec import MQTT_5, MQTT_311, Codec, MalformedPacket, PacketReader, PacketTooLarge
 from ._listener import MqttListener, MqttListenerStatistics, start_mqtt_listener
 from ._plugin import listeners_of
@@ -34,6 +49,13 @@ from ._sessions import queue_name
 from ._settings import DEFAULT_MQTT_PORT, DEFAULT_MQTTS_PORT, MqttListenerSettings
 
 __all__ = [
+    "HOP_COUNT_PROPERTY",
+    "MqttBridgeOptions",
+    "MqttLink",
+    "MqttRemote",
+    "is_mqtt_url",
+    "parse_mqtt_url",
+    "to_mqtt_filter",
     "DEFAULT_MQTTS_PORT",
     "DEFAULT_MQTT_PORT",
     "MQTT_311",

@@ -158,7 +158,7 @@ def meshbus_link_pipeline(link: Link, pipeline: LinkPipeline) -> None:
     # A bridge carries retained values across as its mappings say (their
     # preserve_retained); what comes in still flagged is kept here too. Routing links
     # (DMR) only carry the flag: a node that saw a value pass would serve it stale.
-    if link.kind != "bridge":
+    if link.kind not in ("bridge", "mqtt"):
         return
     service = link.vpn.node.stash[SERVICE]
     store = service.store(link.vpn)
