@@ -402,15 +402,27 @@ class MqttLink(Link):
                 )
             self.set_state(LinkState.IN_SYNC)
             try:
+                failure: list[BaseException] = []
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._writer, stream)
-                    tg.start_soon(self._pinger, codec)
+
+                    async def guarded(part: Any, *args: Any) -> None:
+                        # The first part to end ends the others; what ended it is
+                        # raised once they have all stopped (not as an exception group).
+                        try:
+                            await part(*args)
+                        except _FAILURES as exc:
+                            failure.append(exc)
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(guarded, self._writer, stream)
+                    tg.start_soon(guarded, self._pinger, codec)
                     if self.queue is not None:
-                        tg.start_soon(self._pump, codec)
+                        tg.start_soon(guarded, self._pump, codec)
                     if self.fail_back is not None and self._at > 0:
-                        tg.start_soon(self._fail_back, tg.cancel_scope)
-                    await self._reader(stream, reader, codec)
-                    tg.cancel_scope.cancel()
+                        tg.start_soon(guarded, self._fail_back, tg.cancel_scope)
+                    await guarded(self._reader, stream, reader, codec)
+                if failure:
+                    raise failure[0]
             finally:
                 self._stream = None
                 if self._codec is codec:

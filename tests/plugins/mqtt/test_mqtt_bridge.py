@@ -1,0 +1,265 @@
+"""Bridges from a meshbus node to a real mosquitto broker (SPEC 7, 9, 13)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from meshbus import LinkState, Node
+from meshbus.plugins.bridge import BridgeSettings, TopicMapping, open_bridge
+
+from ._clients import V5, V311, Paho, eventually, needs, user_properties
+
+pytestmark = [pytest.mark.anyio, needs("mosquitto")]
+
+MOSQUITTO = "/usr/sbin/mosquitto"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Mosquitto:
+    """A mosquitto broker on a free port, with persistence in its own folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = _free_port()
+        self.config = folder / "mosquitto.conf"
+        self.config.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+            f"persistence true\npersistence_location {folder}/\nautosave_interval 1\n"
+            # Run as root, it would switch to user mosquitto, who may not write here.
+            f"user {pwd.getpwuid(os.geteuid()).pw_name}\n"
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [MOSQUITTO, "-c", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.02)
+        raise RuntimeError("mosquitto did not start")
+
+    def stop(self) -> None:
+        """Stop it as a service manager does (SIGTERM: it saves its persistence)."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(10)
+            self.process = None
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
+    broker = Mosquitto(tmp_path)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.process is not None:
+            broker.process.kill()
+            broker.process.wait()
+
+
+PROTOCOLS = pytest.mark.parametrize(("level", "paho"), [(5, V5), (4, V311)], ids=["5", "3.1.1"])
+
+
+async def _open(node: Node, mosquitto: Mosquitto, level: int, **options: object):  # type: ignore[no-untyped-def]
+    bridge = open_bridge(
+        node.vpn(),
+        BridgeSettings(
+            "cloud",
+            remotes=[mosquitto.url],
+            mqtt={"protocol": level},
+            backoff=None,
+            **options,  # type: ignore[arg-type]
+        ),
+    )
+    with anyio.fail_after(10):
+        await bridge.wait_for(LinkState.IN_SYNC)
+    return bridge
+
+
+@PROTOCOLS
+async def test_topics_are_mapped_both_ways_as_hivemq_templates_say(
+    mosquitto: Mosquitto, level: int, paho: int
+) -> None:
+    mappings = [
+        TopicMapping("plant/*/temp", mode="PUB", destination="site/${site}/{2}"),
+        TopicMapping("cmd/>", mode="SUB", destination="local/{2-#}", excludes=["cmd/debug/>"]),
+    ]
+    async with Node(name="edge") as node:
+        bridge = await _open(node, mosquitto, level, topics=mappings, variables={"site": "s7"})
+        observer = Paho(mosquitto.port, "observer", paho)
+        await observer.connect()
+        await observer.subscribe(("site/#", 1))
+        local = node.connect(client_name="local")
+        local.subscribe("local/>")
+        local.publish("plant/boiler/temp", b"71")
+        await local.send("plant/pump/temp", b"40")
+        local.publish("plant/boiler/pressure", b"not mapped")
+        got = sorted((m.topic, m.payload) for m in await observer.receive_many(2))
+        assert got == [("site/s7/boiler", b"71"), ("site/s7/pump", b"40")]
+        await observer.publish("cmd/valve/open", b"50%", qos=1)
+        await observer.publish("cmd/debug/dump", b"no", qos=1)
+        await observer.publish("cmd/valve/close", b"now", qos=0)
+        await eventually(lambda: len(local.egress) >= 2)
+        assert sorted((m.topic, m.payload) for m in iter(local.receive_nowait, None)) == [
+            ("local/valve/close", b"now"),
+            ("local/valve/open", b"50%"),
+        ]
+        stats = bridge.statistics()
+        assert stats.dropped.get("excluded") == 1
+        assert stats.forwarded == 2
+
+
+@PROTOCOLS
+async def test_a_two_way_everything_bridge_does_not_loop(
+    mosquitto: Mosquitto, level: int, paho: int
+) -> None:
+    mappings = [TopicMapping(">", mode="PUB"), TopicMapping(">", mode="SUB")]
+    async with Node(name="edge") as node:
+        bridge = await _open(node, mosquitto, level, topics=mappings)
+        observer = Paho(mosquitto.port, "observer", paho)
+        await observer.connect()
+        await observer.subscribe(("#", 1))
+        local = node.connect(client_name="local")
+        local.subscribe(">")
+        local.publish("from/edge", b"1")
+        await local.send("from/edge", b"2")
+        await observer.publish("from/cloud", b"3", qos=1)
+        await observer.publish("from/cloud", b"4", qos=0)
+        seen_cloud = await observer.receive_many(4)
+        await eventually(lambda: len(local.egress) >= 4)
+        await anyio.sleep(0.5)  # time enough for a loop to show itself
+        assert sorted((m.topic, m.payload) for m in seen_cloud) == [
+            ("from/cloud", b"3"),
+            ("from/cloud", b"4"),
+            ("from/edge", b"1"),
+            ("from/edge", b"2"),
+        ]
+        assert observer.nothing_more()
+        seen_local = sorted((m.topic, m.payload) for m in iter(local.receive_nowait, None))
+        assert seen_local == [
+            ("from/cloud", b"3"),
+            ("from/cloud", b"4"),
+            ("from/edge", b"1"),
+            ("from/edge", b"2"),
+        ]
+        if level == 4:  # no no-local on 3.1.1: what came back was recognised
+            assert bridge.statistics().dropped.get("duplicate") == 2
+
+
+async def test_hop_counts_travel_as_the_hivemq_user_property(mosquitto: Mosquitto) -> None:
+    async with Node(name="edge") as node:
+        await _open(
+            node,
+            mosquitto,
+            5,
+            topics=[TopicMapping("out/>", mode="PUB"), TopicMapping("in/>", mode="SUB")],
+        )
+        observer = Paho(mosquitto.port, "observer", V5)
+        await observer.connect()
+        await observer.subscribe(("out/#", 0))
+        node.connect().publish("out/x", b"1")
+        message = await observer.receive()
+        assert ("hmq-bridge-hop-count", "1") in message.properties.UserProperty
+        local = node.connect()
+        local.subscribe("in/>")
+        # As a HiveMQ bridge would send it: one hop already.
+        await observer.publish(
+            "in/y",
+            b"2",
+            qos=1,
+            properties=user_properties([("hmq-bridge-hop-count", "1"), ("k", "v")]),
+        )
+        await eventually(lambda: len(local.egress) >= 1)
+        got = local.receive_nowait()
+        assert got is not None
+        assert (got.hop_count, dict(got.headers)) == (1, {"k": "v"})
+
+
+async def test_qos1_loses_nothing_over_a_broker_restart(mosquitto: Mosquitto) -> None:
+    async with Node(name="edge") as node:
+        node.guaranteed.create_queue("inbox", subscriptions=["in/>"])
+        bridge = await _open(
+            node,
+            mosquitto,
+            5,
+            topics=[TopicMapping("out/>", mode="PUB"), TopicMapping("in/>", mode="SUB")],
+            fail_back=False,
+        )
+        # A persistent session at the broker for what the node sends out.
+        receiver = Paho(mosquitto.port, "receiver", V5)
+        await receiver.connect(clean_start=False, session_expiry=3600)
+        await receiver.subscribe(("out/#", 1))
+        await receiver.disconnect()
+        publisher = node.connect(client_name="app")
+        for i in range(50):
+            await publisher.send(f"out/{i}", b"%d" % i)
+        await anyio.to_thread.run_sync(mosquitto.stop)
+        with anyio.fail_after(10):
+            await bridge.wait_for(LinkState.BACKOFF)
+        for i in range(50, 100):  # the broker is down: these wait in the bridge's queue
+            await publisher.send(f"out/{i}", b"%d" % i)
+        await anyio.to_thread.run_sync(mosquitto.start)
+        with anyio.fail_after(30):
+            await bridge.wait_for(LinkState.IN_SYNC)
+        receiver = Paho(mosquitto.port, "receiver", V5)
+        await receiver.connect(clean_start=False, session_expiry=3600)
+        got = await receiver.receive_many(100, timeout=20)
+        assert sorted({int(m.payload) for m in got}) == list(range(100))  # none lost
+        # And the other way: what a broker client publishes at QoS 1 reaches the queue.
+        sender = Paho(mosquitto.port, "sender", V5)
+        await sender.connect()
+        for i in range(20):
+            await sender.publish(f"in/{i}", b"%d" % i, qos=1)
+        await eventually(lambda: node.guaranteed.queue("inbox").spooled >= 20)  # type: ignore[attr-defined]
+        assert bridge.statistics().connects == 2
+
+
+async def test_the_broker_refusing_the_login_is_a_connect_failure(mosquitto: Mosquitto) -> None:
+    mosquitto.stop()
+    mosquitto.config.write_text(
+        mosquitto.config.read_text().replace("allow_anonymous true", "allow_anonymous false")
+    )
+    mosquitto.start()
+    async with Node(name="edge") as node:
+        bridge = open_bridge(
+            node.vpn(),
+            BridgeSettings("cloud", remotes=[mosquitto.url], subscriptions=["a/>"]),
+        )
+        with anyio.fail_after(10):
+            await bridge.wait_for(LinkState.BACKOFF)
+        assert bridge.statistics().connect_failures >= 1
+        assert "refused" in bridge.link.reason
+
+
+def test_mixing_mqtt_brokers_and_meshbus_nodes_is_refused() -> None:
+    settings = BridgeSettings("x", remotes=["mqtt://a:1883", "tcp://b:55555"])
+    with pytest.raises(Exception, match="all MQTT brokers or all meshbus nodes"):
+        from meshbus.plugins.bridge._bridge import _to_mqtt
+
+        _to_mqtt(settings.remotes)
