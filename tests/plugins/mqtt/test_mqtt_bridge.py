@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from meshbus import LinkState, Node
+from meshbus import ConfigurationError, LinkState, Node
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, open_bridge
 
 from ._clients import V5, V311, Paho, eventually, needs, user_properties
@@ -257,9 +257,8 @@ async def test_the_broker_refusing_the_login_is_a_connect_failure(mosquitto: Mos
         assert "refused" in bridge.link.reason
 
 
-def test_mixing_mqtt_brokers_and_meshbus_nodes_is_refused() -> None:
-    settings = BridgeSettings("x", remotes=["mqtt://a:1883", "tcp://b:55555"])
-    with pytest.raises(Exception, match="all MQTT brokers or all meshbus nodes"):
-        from meshbus.plugins.bridge._bridge import _to_mqtt
-
-        _to_mqtt(settings.remotes)
+async def test_mixing_mqtt_brokers_and_meshbus_nodes_is_refused() -> None:
+    settings = BridgeSettings("x", remotes=["mqtt://127.0.0.1:1883", "tcp://127.0.0.1:55555"])
+    async with Node() as node:
+        with pytest.raises(ConfigurationError, match="all MQTT brokers or all meshbus nodes"):
+            open_bridge(node.vpn(), settings)
