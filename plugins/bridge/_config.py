@@ -15,6 +15,10 @@
     tls = { ca = "cloud-ca.pem" }                 # for tls:// remotes; paths relative to the file
     backoff = { initial = 1.0, maximum = 120.0, jitter = 0.2 }
 
+    # ... or to an MQTT broker: mqtt:// and mqtts:// remotes, and how to speak to it
+    remotes = ["mqtt://broker-1:1883", { url = "mqtts://broker-2:8883", username = "edge" }]
+    mqtt = { protocol = 5, client_id = "edge-7", qos = 1, keepalive = 60 }
+
     [[vpns.NAME.bridges.topics]]
     filter = "machines/*/alarm"
     mode = "PUB"
@@ -32,6 +36,7 @@ from typing import Any
 import attrs
 
 from meshbus import ConfigContext, ConfigReader, ConfigSection, ConfigurationError, Vpn
+from meshbus.plugins.mqtt import MqttBridgeOptions, MqttRemote, is_mqtt_url
 from meshbus.transports import Remote, read_backoff_table, read_tls_table
 
 from ._bridge import BRIDGE, BridgeSettings, open_bridge
@@ -39,7 +44,7 @@ from ._mapping import TopicMapping, directions
 
 __all__ = ["SECTIONS"]
 
-_OWN = ("remotes", "variables", "topics", "tls", "backoff")
+_OWN = ("remotes", "variables", "topics", "tls", "backoff", "mqtt")
 
 
 def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, ...] | None:
@@ -55,7 +60,7 @@ def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, .
             url = reader.value(item, str, at)
             if url is not None:
                 try:
-                    Remote(url)  # checks the URL
+                    MqttRemote(url) if is_mqtt_url(url) else Remote(url)  # checks the URL
                 except ConfigurationError as exc:
                     reader.report(at, str(exc))
                     url = None
@@ -86,7 +91,12 @@ def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, .
             remotes.append(None)
             continue
         try:
-            remotes.append(Remote(url, **values))
+            if is_mqtt_url(url):
+                if "compression" in values or "window" in values:
+                    raise ConfigurationError("an MQTT broker takes no compression or window")
+                remotes.append(MqttRemote(url, **values))
+            else:
+                remotes.append(Remote(url, **values))
         except ConfigurationError as exc:
             reader.report(reader.join(at, "url"), str(exc))
             remotes.append(None)
@@ -134,6 +144,12 @@ def _read_bridge(
         at = reader.join(where, "backoff")
         extra["backoff"] = backoff = read_backoff_table(reader, table["backoff"], at)
         failed = failed or backoff is None
+    if "mqtt" in table:
+        at = reader.join(where, "mqtt")
+        found = reader.table(table["mqtt"], at)
+        options = None if found is None else reader.attrs_value(MqttBridgeOptions, found, at)
+        extra["mqtt"] = options
+        failed = failed or options is None
     topics = table.get("topics", [])
     topics_at = reader.join(where, "topics")
     if isinstance(topics, list):
@@ -158,7 +174,7 @@ def _read_bridge(
             mapped = False
             for problem in exc.problems:
                 reader.report(topics_at, problem)
-    for key in ("tls", "backoff"):
+    for key in ("tls", "backoff", "mqtt"):
         if extra.get(key, 0) is None:
             del extra[key]  # reported already: read the rest for their problems
     settings = reader.attrs_value(
@@ -166,7 +182,7 @@ def _read_bridge(
         {k: v for k, v in table.items() if k not in _OWN and k != "name"},
         where,
         name=name,
-        exclude=("tls", "backoff"),
+        exclude=("tls", "backoff", "mqtt"),
         extra=extra,
     )
     return settings if mapped and not failed else None

@@ -262,3 +262,37 @@ async def test_mixing_mqtt_brokers_and_meshbus_nodes_is_refused() -> None:
     async with Node() as node:
         with pytest.raises(ConfigurationError, match="all MQTT brokers or all meshbus nodes"):
             open_bridge(node.vpn(), settings)
+
+
+def test_a_bridge_to_a_broker_is_configured_in_the_file(tmp_path: Path) -> None:
+    from meshbus.app._config import parse_config
+    from meshbus.plugins.mqtt import MqttBridgeOptions, MqttRemote
+
+    bridge = {
+        "name": "cloud",
+        "remotes": ["mqtt://broker-1:1883", {"url": "mqtts://broker-2", "username": "edge"}],
+        "mqtt": {"protocol": 4, "client_id": "edge-7", "qos": 0},
+        "topics": [{"filter": "plant/>", "mode": "PUB", "destination": "site/{2-#}"}],
+    }
+    config = parse_config({"vpns": {"default": {"bridges": [bridge]}}}, base_dir=tmp_path)
+    ((_, (settings,)),) = config.vpns[0].sections
+    assert settings.remotes == ("mqtt://broker-1:1883", MqttRemote("mqtts://broker-2", "edge"))
+    assert settings.mqtt == MqttBridgeOptions(protocol=4, client_id="edge-7", qos=0)
+
+
+def test_a_wrong_mqtt_bridge_table_lists_every_problem(tmp_path: Path) -> None:
+    from meshbus.app._config import parse_config
+
+    bridge = {
+        "name": "cloud",
+        "remotes": ["mqtt://", {"url": "mqtt://b", "window": 5}],
+        "mqtt": {"protocol": 3, "qos": 2, "colour": "red"},
+    }
+    with pytest.raises(ConfigurationError) as failed:
+        parse_config({"vpns": {"default": {"bridges": [bridge]}}}, base_dir=tmp_path)
+    problems = "\n".join(failed.value.problems)
+    assert "remotes[0]" in problems
+    assert "remotes[1].url: an MQTT broker takes no compression or window" in problems
+    assert "mqtt.protocol: must be 4 (MQTT 3.1.1) or 5, got 3" in problems
+    assert "mqtt.qos: must be 0 or 1, got 2" in problems
+    assert "mqtt.colour: unknown key" in problems
