@@ -47,14 +47,26 @@ from meshbus import (
     PublishRejectedError,
     Session,
     StateError,
-    filter_matches,
-    from_mqtt_filter,
 )
 from meshbus.abc import Flow
 
 from ._codec import MQTT_5, Codec, MalformedPacket, PacketReader, read_connect
-from ._sessions import MqttSession, Subscribed
-from ._translate import publish_options, v5_properties
+from ._delivering import Delivering
+from ._reasons import (
+    BAD_AUTH_METHOD,
+    IMPLEMENTATION_SPECIFIC,
+    KEEPALIVE_TIMEOUT,
+    NOT_AUTHORIZED,
+    PROTOCOL_ERROR,
+    QUOTA_EXCEEDED,
+    RECEIVE_MAX_EXCEEDED,
+    TOPIC_ALIAS_INVALID,
+    TOPIC_NAME_INVALID,
+    Closed,
+)
+from ._sessions import MqttSession
+from ._subscribing import Subscribing
+from ._translate import publish_options
 
 if TYPE_CHECKING:
     from ._listener import MqttListener
@@ -67,33 +79,8 @@ _PERSISTENT = DeliveryMode.PERSISTENT
 _READ_SIZE = 65536
 _BATCH = 64  # direct messages written in one go, at most
 
-# Reason codes (MQTT 5) used here.
-_NOT_AUTHORIZED = 0x87
-_TOPIC_NAME_INVALID = 0x90
-_TOPIC_FILTER_INVALID = 0x8F
-_QUOTA_EXCEEDED = 0x97
-_UNSPECIFIED = 0x80
-_IMPLEMENTATION_SPECIFIC = 0x83
-_NO_SUBSCRIPTION = 0x11
-_PROTOCOL_ERROR = 0x82
-_KEEPALIVE_TIMEOUT = 0x8D
-_SESSION_TAKEN_OVER = 0x8E
-_SERVER_SHUTTING_DOWN = 0x8B
-_RECEIVE_MAX_EXCEEDED = 0x93
-_TOPIC_ALIAS_INVALID = 0x94
-_BAD_AUTH_METHOD = 0x8C
-
-
-class _Closed(Exception):
-    """The connection ends: ``reason`` for the log, ``code`` for a DISCONNECT."""
-
-    def __init__(self, reason: str, code: int | None = None) -> None:
-        super().__init__(reason)
-        self.code = code
-
-
 _ENDINGS = (
-    _Closed,
+    Closed,
     MalformedPacket,
     anyio.EndOfStream,
     anyio.BrokenResourceError,
@@ -102,7 +89,7 @@ _ENDINGS = (
 )
 
 
-class MqttConnection:
+class MqttConnection(Subscribing, Delivering):
     """One connected MQTT client (made by its listener for each accepted stream)."""
 
     def __init__(
@@ -162,7 +149,7 @@ class MqttConnection:
             self.listener.malformed += 1
             log.info("closing MQTT connection from %s: %s", self.peer, exc)
             await self._say_disconnect(exc.reason_code, str(exc))
-        except _Closed as exc:
+        except Closed as exc:
             log.info("closing MQTT connection from %s (%s): %s", self.peer, self.client_id, exc)
             if exc.code is not None:
                 await self._say_disconnect(exc.code, str(exc))
@@ -181,7 +168,7 @@ class MqttConnection:
             if packets:
                 if len(packets) > 1 or reader.buffered:
                     raise MalformedPacket(
-                        "packets sent before CONNECT was answered", _PROTOCOL_ERROR
+                        "packets sent before CONNECT was answered", PROTOCOL_ERROR
                     )
                 return packets[0]
 
@@ -197,7 +184,7 @@ class MqttConnection:
         codec = self.codec = Codec(level)
         settings = self.settings
         if connect.authentication_method is not None:
-            await self._write(codec.connack(False, _BAD_AUTH_METHOD))
+            await self._write(codec.connack(False, BAD_AUTH_METHOD))
             self.listener.refused += 1
             return False
         client_id = connect.client_id
@@ -229,7 +216,7 @@ class MqttConnection:
             if will is not None:
                 session.check_publish_acl(will.topic)
         except (AuthenticationError, AccessDeniedError, InvalidTopicError) as exc:
-            code = 0x86 if isinstance(exc, AuthenticationError) else _NOT_AUTHORIZED
+            code = 0x86 if isinstance(exc, AuthenticationError) else NOT_AUTHORIZED
             self.node.logins.log_refusal(log, self.peer, f"MQTT login refused: {exc}")
             await self._write(codec.connack(False, code))
             self.listener.refused += 1
@@ -390,13 +377,67 @@ class MqttConnection:
             with clock.move_on_after(limit) if limit else nullcontext() as waited:
                 data = await stream.receive(_READ_SIZE)
             if waited is not None and waited.cancelled_caught:
-                raise _Closed("keepalive timed out", _KEEPALIVE_TIMEOUT)
+                raise Closed("keepalive timed out", KEEPALIVE_TIMEOUT)
+            batch: list[PublishPacket] = []
             for raw in reader.feed(data):
                 packet = read(raw)
                 if type(packet) is PublishPacket:
+                    if packet.qos == 1 and self._plain(packet):
+                        batch.append(packet)  # one commit for all that came together
+                        continue
+                    if batch:
+                        await self._publish_many(batch)
+                        batch = []
                     await self._publish(packet)
                 else:
+                    if batch:
+                        await self._publish_many(batch)
+                        batch = []
                     await self._control(packet)
+            if batch:
+                await self._publish_many(batch)
+
+    def _plain(self, packet: PublishPacket) -> bool:
+        """Whether a QoS 1 publish can share a store commit with others: no retain,
+        no topic alias and, on MQTT 5, no properties (those go one by one)."""
+        if packet.retain or packet.topic_alias is not None or not packet.topic:
+            return False
+        if self.codec is not None and self.codec.v5:
+            return not (
+                packet.user_properties
+                or packet.content_type is not None
+                or packet.response_topic is not None
+                or packet.correlation_data is not None
+                or packet.message_expiry_interval is not None
+            )
+        return True
+
+    async def _publish_many(self, batch: list[PublishPacket]) -> None:
+        """Plain QoS 1 publishes that arrived together: one store commit, then a PUBACK
+        each (with its own reason when one was refused)."""
+        if len(batch) == 1:
+            await self._publish(batch[0])
+            return
+        session = self.session
+        codec = self.codec
+        assert session is not None
+        assert codec is not None
+        for packet in batch:
+            if "+" in packet.topic or "#" in packet.topic:
+                raise MalformedPacket("a PUBLISH topic holds a wildcard", TOPIC_NAME_INVALID)
+        self.listener.received += len(batch)
+        try:
+            results = await session.send_many([(p.topic, p.payload) for p in batch])
+        except MeshbusError as exc:
+            log.warning("MQTT client %r: %d publishes failed: %s", self.client_id, len(batch), exc)
+            results = [exc] * len(batch)
+        acks = []
+        for packet, result in zip(batch, results, strict=True):
+            reason = 0 if result is None else _reason(result)
+            if reason:
+                self.listener.refused_publishes += 1
+            acks.append(codec.ack(4, packet.packet_id or 0, reason))
+        await self._write(b"".join(acks))
 
     async def _control(self, packet: Any) -> None:
         kind = type(packet)
@@ -423,15 +464,15 @@ class MqttConnection:
             expiry = packet.session_expiry_interval
             if state is not None and expiry is not None:
                 if state.expiry == 0 and expiry:
-                    raise _Closed("session expiry set at DISCONNECT after 0", _PROTOCOL_ERROR)
+                    raise Closed("session expiry set at DISCONNECT after 0", PROTOCOL_ERROR)
                 state.expiry = min(expiry, self.settings.max_session_expiry)
-            raise _Closed("the client disconnected")
+            raise Closed("the client disconnected")
         elif kind is ConnectPacket:
-            raise MalformedPacket("a second CONNECT", _PROTOCOL_ERROR)
+            raise MalformedPacket("a second CONNECT", PROTOCOL_ERROR)
         elif kind in (PubRecPacket, PubCompPacket):
             pass  # the node sends at most QoS 1: nothing of these is expected, nothing to do
         else:
-            raise MalformedPacket(f"{kind.__name__} is not supported", _BAD_AUTH_METHOD)
+            raise MalformedPacket(f"{kind.__name__} is not supported", BAD_AUTH_METHOD)
 
     async def _publish(self, packet: PublishPacket) -> None:
         codec = self.codec
@@ -442,16 +483,16 @@ class MqttConnection:
         alias = packet.topic_alias
         if alias is not None:
             if not 0 < alias <= self.settings.topic_alias_maximum:
-                raise _Closed(f"topic alias {alias} is out of range", _TOPIC_ALIAS_INVALID)
+                raise Closed(f"topic alias {alias} is out of range", TOPIC_ALIAS_INVALID)
             if topic:
                 self._aliases[alias] = topic
             else:
                 known = self._aliases.get(alias)
                 if known is None:
-                    raise _Closed(f"topic alias {alias} was never set", _PROTOCOL_ERROR)
+                    raise Closed(f"topic alias {alias} was never set", PROTOCOL_ERROR)
                 topic = known
         if "+" in topic or "#" in topic:
-            raise MalformedPacket("a PUBLISH topic holds a wildcard", _TOPIC_NAME_INVALID)
+            raise MalformedPacket("a PUBLISH topic holds a wildcard", TOPIC_NAME_INVALID)
         qos = packet.qos
         options = publish_options(packet) if codec.v5 else {}
         self.listener.received += 1
@@ -459,7 +500,7 @@ class MqttConnection:
             try:
                 session.publish(topic, packet.payload, retain=packet.retain, **options)
             except InvalidTopicError as exc:
-                raise _Closed(f"topic {topic!r} is not valid: {exc}", _TOPIC_NAME_INVALID) from None
+                raise Closed(f"topic {topic!r} is not valid: {exc}", TOPIC_NAME_INVALID) from None
             except (AccessDeniedError, PublishRejectedError) as exc:
                 self.listener.refused_publishes += 1
                 log.info("MQTT client %r: QoS 0 publish dropped: %s", self.client_id, exc)
@@ -470,7 +511,7 @@ class MqttConnection:
             await self._write(codec.ack(5, packet_id))  # a resend: it was taken already
             return
         if qos == 2 and len(self._qos2) >= self.settings.receive_maximum:
-            raise _Closed("more QoS 2 publishes in flight than allowed", _RECEIVE_MAX_EXCEEDED)
+            raise Closed("more QoS 2 publishes in flight than allowed", RECEIVE_MAX_EXCEEDED)
         reason = await self._send(session, topic, packet, options)
         if qos == 2:
             if reason < 0x80:
@@ -491,249 +532,13 @@ class MqttConnection:
                 retain=packet.retain,
                 **options,
             )
-        except InvalidTopicError:
-            return _TOPIC_NAME_INVALID
-        except AccessDeniedError:
-            self.listener.refused_publishes += 1
-            return _NOT_AUTHORIZED
-        except (PublishRejectedError, LimitExceededError) as exc:
-            self.listener.refused_publishes += 1
-            log.info("MQTT client %r: publish to %r refused: %s", self.client_id, topic, exc)
-            return _QUOTA_EXCEEDED
         except MeshbusError as exc:
-            log.warning("MQTT client %r: publish to %r failed: %s", self.client_id, topic, exc)
-            return _IMPLEMENTATION_SPECIFIC
+            reason = _reason(exc)
+            if reason != TOPIC_NAME_INVALID:
+                self.listener.refused_publishes += 1
+            log.info("MQTT client %r: publish to %r refused: %s", self.client_id, topic, exc)
+            return reason
         return 0
-
-    # --- subscriptions -----------------------------------------------------------------
-
-    async def _subscribe(self, packet: SubscribePacket) -> None:
-        codec = self.codec
-        state = self.state
-        session = self.session
-        assert codec is not None
-        assert state is not None
-        assert session is not None
-        codes: list[int] = []
-        fresh: list[tuple[Subscribed, bool]] = []
-        for wanted in packet.topic_filters:
-            try:
-                sub = Subscribed(
-                    wanted.pattern,
-                    min(int(wanted.max_qos), 1),
-                    from_mqtt_filter(wanted.pattern),
-                    bool(wanted.no_local),
-                    bool(wanted.retain_as_published) and codec.v5,
-                )
-                if sub.no_local and sub.filters[0].startswith("#share/"):
-                    raise _Closed("no-local on a shared subscription", _PROTOCOL_ERROR)
-                existed = wanted.pattern in state.subscriptions
-                await self._apply(state, session, sub)
-            except InvalidTopicError:
-                codes.append(_TOPIC_FILTER_INVALID)
-                continue
-            except AccessDeniedError:
-                codes.append(_NOT_AUTHORIZED)
-                continue
-            except (LimitExceededError, PublishRejectedError):
-                codes.append(_QUOTA_EXCEEDED)
-                continue
-            except MeshbusError as exc:
-                log.warning(
-                    "MQTT client %r: subscription %r failed: %s",
-                    self.client_id,
-                    wanted.pattern,
-                    exc,
-                )
-                codes.append(_UNSPECIFIED)
-                continue
-            codes.append(sub.qos)
-            handling = int(wanted.retain_handling) if codec.v5 else 0
-            if handling == 0 or (handling == 1 and not existed):
-                fresh.append((sub, True))
-        self._special = any(
-            s.no_local or s.retain_as_published for s in state.subscriptions.values()
-        )
-        await self._write(codec.suback(packet.packet_id, codes))
-        for sub, _ in fresh:
-            if not sub.filters[0].startswith("#share/"):
-                await self._send_retained(sub)
-
-    async def _apply(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
-        old = state.subscriptions.get(sub.mqtt_filter)
-        if sub.queued:
-            registry = self.listener.registry
-            queue = registry.ensure_queue(state, self.settings.max_queued_messages)
-            service: Any = self.node.guaranteed
-            for each in sub.filters:
-                session.check_subscribe_acl(each)
-                service.add_subscription(queue, each, vpn=state.vpn)
-            if self.flow is None and self._tg is not None:
-                await self._bind(self._tg)
-        else:
-            for each in sub.filters:
-                session.subscribe(each)
-        if old is not None and old.queued != sub.queued:
-            self._remove(state, session, old)
-        state.subscriptions[sub.mqtt_filter] = sub
-
-    def _remove(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
-        if sub.queued:
-            if state.queue is not None:
-                service: Any = self.node.guaranteed
-                for each in sub.filters:
-                    service.remove_subscription(state.queue, each, vpn=state.vpn)
-        else:
-            for each in sub.filters:
-                session.unsubscribe(each)
-
-    async def _unsubscribe(self, packet: UnsubscribePacket) -> None:
-        codec = self.codec
-        state = self.state
-        session = self.session
-        assert codec is not None
-        assert state is not None
-        assert session is not None
-        codes = []
-        for pattern in packet.patterns:
-            sub = state.subscriptions.pop(pattern, None)
-            if sub is None:
-                codes.append(_NO_SUBSCRIPTION)
-                continue
-            self._remove(state, session, sub)
-            codes.append(0)
-        await self._write(codec.unsuback(packet.packet_id, codes))
-
-    async def _send_retained(self, sub: Subscribed) -> None:
-        try:
-            from meshbus.plugins.retained import retained_store
-
-            store = retained_store(self.session.vpn)  # type: ignore[union-attr]
-        except (ConfigurationError, ImportError):
-            return  # the node keeps no retained values
-        seen: set[str] = set()
-        found: list[Message] = []
-        for each in sub.filters:
-            for message in store.matching(each):
-                if message.topic not in seen:
-                    seen.add(message.topic)
-                    found.append(message)
-        codec = self.codec
-        assert codec is not None
-        for message in found:
-            if sub.no_local and message.sender == self.client_id:
-                continue
-            store.delivered += 1
-            await self._write(self._encode(message, 0, None, True))
-
-    # --- delivering -------------------------------------------------------------------
-
-    async def _bind(self, tg: anyio.abc.TaskGroup) -> None:
-        state, session = self.state, self.session
-        assert state is not None
-        assert session is not None
-        assert state.queue is not None
-        window = min(self.settings.max_inflight, self.client_receive_max)
-        self.flow = await session.bind(state.queue, window=window)
-        tg.start_soon(self._guarded, self._deliver_queued, self.flow)
-
-    def _skip(self, message: Message) -> bool:
-        """Whether no-local keeps ``message`` from the client (only when asked for)."""
-        if message.sender != self.client_id or self.state is None:
-            return False
-        matching = [  # shared subscriptions take no no-local: they are left out
-            s
-            for s in self.state.subscriptions.values()
-            if not s.filters[0].startswith("#share/")
-            and any(filter_matches(f, message.topic) for f in s.filters)
-        ]
-        return bool(matching) and all(s.no_local for s in matching)
-
-    def _retain_flag(self, message: Message) -> bool:
-        if message.retained:
-            return True
-        if not message.retain or not self._special or self.state is None:
-            return False
-        return any(
-            s.retain_as_published and any(filter_matches(f, message.topic) for f in s.filters)
-            for s in self.state.subscriptions.values()
-        )
-
-    def _encode(self, message: Message, qos: int, packet_id: int | None, retain: bool) -> bytes:
-        codec = self.codec
-        assert codec is not None
-        properties = v5_properties(message, self.node.clock.time()) if codec.v5 else None
-        return codec.publish(
-            message.topic,
-            message.payload,
-            qos,
-            packet_id,
-            retain,
-            message.redelivered and qos > 0,
-            properties,
-        )
-
-    async def _deliver_direct(self) -> None:
-        session = self.session
-        assert session is not None
-        limit = self.client_max_packet
-        while True:
-            try:
-                message = await session.receive()
-            except StateError:
-                code = _SESSION_TAKEN_OVER if self.taken_over else _SERVER_SHUTTING_DOWN
-                raise _Closed("the session was closed by the node", code) from None
-            batch = [message]
-            while len(batch) < _BATCH:
-                more = session.receive_nowait()
-                if more is None:
-                    break
-                batch.append(more)
-            out = []
-            for each in batch:
-                if self._special and self._skip(each):
-                    continue
-                data = self._encode(each, 0, None, self._retain_flag(each))
-                if limit is not None and len(data) > limit:
-                    self.listener.too_large += 1
-                    continue
-                out.append(data)
-            if out:
-                self.listener.sent += len(out)
-                await self._write(b"".join(out))
-
-    async def _deliver_queued(self, flow: Flow) -> None:
-        limit = self.client_max_packet
-        while True:
-            try:
-                message = await flow.receive()
-            except (MeshbusError, StopAsyncIteration):
-                raise _Closed(
-                    "the queue's flow was closed by the node", _SERVER_SHUTTING_DOWN
-                ) from None
-            if self._special and self._skip(message):
-                flow.ack(message)
-                continue
-            if message.delivery_mode is _PERSISTENT:
-                packet_id = self._packet_id()
-                data = self._encode(message, 1, packet_id, self._retain_flag(message))
-                if limit is not None and len(data) > limit:
-                    self.listener.too_large += 1
-                    flow.ack(message)
-                    continue
-                self._inflight[packet_id] = message
-            else:  # a QoS 0 (or non-persistent) message matching a QoS 1 subscription
-                data = self._encode(message, 0, None, self._retain_flag(message))
-                flow.ack(message)
-            self.listener.sent += 1
-            await self._write(data)
-
-    def _packet_id(self) -> int:
-        inflight = self._inflight
-        while True:
-            self._next_id = self._next_id % 65535 + 1
-            if self._next_id not in inflight:
-                return self._next_id
 
     # --- writing ----------------------------------------------------------------------
 
@@ -767,3 +572,14 @@ def _own_retained(session: Session) -> None:
     except ImportError:
         return
     session.stash[OWN_RETAINED] = True
+
+
+def _reason(exc: BaseException) -> int:
+    """The PUBACK reason code of a refused publish."""
+    if isinstance(exc, InvalidTopicError):
+        return TOPIC_NAME_INVALID
+    if isinstance(exc, AccessDeniedError):
+        return NOT_AUTHORIZED
+    if isinstance(exc, PublishRejectedError | LimitExceededError):
+        return QUOTA_EXCEEDED
+    return IMPLEMENTATION_SPECIFIC

@@ -1,0 +1,174 @@
+"""What an MQTT connection sends its client: direct messages at QoS 0 from its
+session's bounded buffer, and QoS 1 ones from its queue's flow, whose window keeps
+no more of them in flight than the client's receive maximum."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from meshbus import (
+    DeliveryMode,
+    MeshbusError,
+    Message,
+    Session,
+    StateError,
+    filter_matches,
+)
+from meshbus.abc import Flow
+
+from ._reasons import (
+    SERVER_SHUTTING_DOWN,
+    SESSION_TAKEN_OVER,
+    Closed,
+)
+from ._sessions import MqttSession
+from ._translate import v5_properties
+
+if TYPE_CHECKING:
+    from ._codec import Codec
+
+log = logging.getLogger("meshbus.mqtt")
+_PERSISTENT = DeliveryMode.PERSISTENT
+_BATCH = 64  # direct messages written in one go, at most
+
+__all__ = ["Delivering"]
+
+
+class Delivering:
+    """The delivery half of :class:`~meshbus.plugins.mqtt._connection.MqttConnection`."""
+
+    # What the connection it is mixed into holds.
+    codec: Codec | None
+    session: Session | None
+    state: MqttSession | None
+    flow: Flow | None
+    client_id: str
+    settings: Any
+    listener: Any
+    node: Any
+    taken_over: bool
+    client_max_packet: int | None
+    client_receive_max: int
+    _special: bool
+    _inflight: dict[int, Message]
+    _next_id: int
+    _tg: anyio.abc.TaskGroup | None
+
+    async def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def _guarded(self, part: Any, *args: Any) -> None:
+        raise NotImplementedError
+
+    # --- delivering -------------------------------------------------------------------
+
+    async def _bind(self, tg: anyio.abc.TaskGroup) -> None:
+        state, session = self.state, self.session
+        assert state is not None
+        assert session is not None
+        assert state.queue is not None
+        window = min(self.settings.max_inflight, self.client_receive_max)
+        self.flow = await session.bind(state.queue, window=window)
+        tg.start_soon(self._guarded, self._deliver_queued, self.flow)
+
+    def _skip(self, message: Message) -> bool:
+        """Whether no-local keeps ``message`` from the client (only when asked for)."""
+        if message.sender != self.client_id or self.state is None:
+            return False
+        matching = [  # shared subscriptions take no no-local: they are left out
+            s
+            for s in self.state.subscriptions.values()
+            if not s.filters[0].startswith("#share/")
+            and any(filter_matches(f, message.topic) for f in s.filters)
+        ]
+        return bool(matching) and all(s.no_local for s in matching)
+
+    def _retain_flag(self, message: Message) -> bool:
+        if message.retained:
+            return True
+        if not message.retain or not self._special or self.state is None:
+            return False
+        return any(
+            s.retain_as_published and any(filter_matches(f, message.topic) for f in s.filters)
+            for s in self.state.subscriptions.values()
+        )
+
+    def _encode(self, message: Message, qos: int, packet_id: int | None, retain: bool) -> bytes:
+        codec = self.codec
+        assert codec is not None
+        properties = v5_properties(message, self.node.clock.time()) if codec.v5 else None
+        return codec.publish(
+            message.topic,
+            message.payload,
+            qos,
+            packet_id,
+            retain,
+            message.redelivered and qos > 0,
+            properties,
+        )
+
+    async def _deliver_direct(self) -> None:
+        session = self.session
+        assert session is not None
+        limit = self.client_max_packet
+        while True:
+            try:
+                message = await session.receive()
+            except StateError:
+                code = SESSION_TAKEN_OVER if self.taken_over else SERVER_SHUTTING_DOWN
+                raise Closed("the session was closed by the node", code) from None
+            batch = [message]
+            while len(batch) < _BATCH:
+                more = session.receive_nowait()
+                if more is None:
+                    break
+                batch.append(more)
+            out = []
+            for each in batch:
+                if self._special and self._skip(each):
+                    continue
+                data = self._encode(each, 0, None, self._retain_flag(each))
+                if limit is not None and len(data) > limit:
+                    self.listener.too_large += 1
+                    continue
+                out.append(data)
+            if out:
+                self.listener.sent += len(out)
+                await self._write(b"".join(out))
+
+    async def _deliver_queued(self, flow: Flow) -> None:
+        limit = self.client_max_packet
+        while True:
+            try:
+                message = await flow.receive()
+            except (MeshbusError, StopAsyncIteration):
+                raise Closed(
+                    "the queue's flow was closed by the node", SERVER_SHUTTING_DOWN
+                ) from None
+            if self._special and self._skip(message):
+                flow.ack(message)
+                continue
+            if message.delivery_mode is _PERSISTENT:
+                packet_id = self._packet_id()
+                data = self._encode(message, 1, packet_id, self._retain_flag(message))
+                if limit is not None and len(data) > limit:
+                    self.listener.too_large += 1
+                    flow.ack(message)
+                    continue
+                self._inflight[packet_id] = message
+            else:  # a QoS 0 (or non-persistent) message matching a QoS 1 subscription
+                data = self._encode(message, 0, None, self._retain_flag(message))
+                flow.ack(message)
+            self.listener.sent += 1
+            await self._write(data)
+
+    def _packet_id(self) -> int:
+        inflight = self._inflight
+        while True:
+            self._next_id = self._next_id % 65535 + 1
+            if self._next_id not in inflight:
+                return self._next_id

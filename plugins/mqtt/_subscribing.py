@@ -1,0 +1,195 @@
+"""An MQTT connection's SUBSCRIBE and UNSUBSCRIBE: what each filter becomes (a
+subscription of the connection's session, or of the client's queue at QoS 1), and
+the retained values a new subscription is given, by its retain handling."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from meshbus import (
+    AccessDeniedError,
+    ConfigurationError,
+    DeliveryMode,
+    InvalidTopicError,
+    LimitExceededError,
+    MeshbusError,
+    Message,
+    PublishRejectedError,
+    Session,
+    from_mqtt_filter,
+)
+from meshbus.abc import Flow
+
+from ._reasons import (
+    NO_SUBSCRIPTION,
+    NOT_AUTHORIZED,
+    PROTOCOL_ERROR,
+    QUOTA_EXCEEDED,
+    TOPIC_FILTER_INVALID,
+    UNSPECIFIED,
+    Closed,
+)
+from ._sessions import MqttSession, Subscribed
+
+if TYPE_CHECKING:
+    from mqtt5 import SubscribePacket, UnsubscribePacket
+
+    from ._codec import Codec
+
+log = logging.getLogger("meshbus.mqtt")
+_PERSISTENT = DeliveryMode.PERSISTENT
+_BATCH = 64  # direct messages written in one go, at most
+
+__all__ = ["Subscribing"]
+
+
+class Subscribing:
+    """The subscription half of :class:`~meshbus.plugins.mqtt._connection.MqttConnection`."""
+
+    # What the connection it is mixed into holds.
+    codec: Codec | None
+    session: Session | None
+    state: MqttSession | None
+    flow: Flow | None
+    client_id: str
+    settings: Any
+    listener: Any
+    node: Any
+    taken_over: bool
+    client_max_packet: int | None
+    client_receive_max: int
+    _special: bool
+    _inflight: dict[int, Message]
+    _next_id: int
+    _tg: anyio.abc.TaskGroup | None
+
+    async def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def _guarded(self, part: Any, *args: Any) -> None:
+        raise NotImplementedError
+
+    # --- subscriptions -----------------------------------------------------------------
+
+    async def _subscribe(self, packet: SubscribePacket) -> None:
+        codec = self.codec
+        state = self.state
+        session = self.session
+        assert codec is not None
+        assert state is not None
+        assert session is not None
+        codes: list[int] = []
+        fresh: list[tuple[Subscribed, bool]] = []
+        for wanted in packet.topic_filters:
+            try:
+                sub = Subscribed(
+                    wanted.pattern,
+                    min(int(wanted.max_qos), 1),
+                    from_mqtt_filter(wanted.pattern),
+                    bool(wanted.no_local),
+                    bool(wanted.retain_as_published) and codec.v5,
+                )
+                if sub.no_local and sub.filters[0].startswith("#share/"):
+                    raise Closed("no-local on a shared subscription", PROTOCOL_ERROR)
+                existed = wanted.pattern in state.subscriptions
+                await self._apply(state, session, sub)
+            except InvalidTopicError:
+                codes.append(TOPIC_FILTER_INVALID)
+                continue
+            except AccessDeniedError:
+                codes.append(NOT_AUTHORIZED)
+                continue
+            except (LimitExceededError, PublishRejectedError):
+                codes.append(QUOTA_EXCEEDED)
+                continue
+            except MeshbusError as exc:
+                log.warning(
+                    "MQTT client %r: subscription %r failed: %s",
+                    self.client_id,
+                    wanted.pattern,
+                    exc,
+                )
+                codes.append(UNSPECIFIED)
+                continue
+            codes.append(sub.qos)
+            handling = int(wanted.retain_handling) if codec.v5 else 0
+            if handling == 0 or (handling == 1 and not existed):
+                fresh.append((sub, True))
+        self._special = any(
+            s.no_local or s.retain_as_published for s in state.subscriptions.values()
+        )
+        await self._write(codec.suback(packet.packet_id, codes))
+        for sub, _ in fresh:
+            if not sub.filters[0].startswith("#share/"):
+                await self._send_retained(sub)
+
+    async def _apply(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
+        old = state.subscriptions.get(sub.mqtt_filter)
+        if sub.queued:
+            registry = self.listener.registry
+            queue = registry.ensure_queue(state, self.settings.max_queued_messages)
+            service: Any = self.node.guaranteed
+            for each in sub.filters:
+                session.check_subscribe_acl(each)
+                service.add_subscription(queue, each, vpn=state.vpn)
+            if self.flow is None and self._tg is not None:
+                await self._bind(self._tg)
+        else:
+            for each in sub.filters:
+                session.subscribe(each)
+        if old is not None and old.queued != sub.queued:
+            self._remove(state, session, old)
+        state.subscriptions[sub.mqtt_filter] = sub
+
+    def _remove(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
+        if sub.queued:
+            if state.queue is not None:
+                service: Any = self.node.guaranteed
+                for each in sub.filters:
+                    service.remove_subscription(state.queue, each, vpn=state.vpn)
+        else:
+            for each in sub.filters:
+                session.unsubscribe(each)
+
+    async def _unsubscribe(self, packet: UnsubscribePacket) -> None:
+        codec = self.codec
+        state = self.state
+        session = self.session
+        assert codec is not None
+        assert state is not None
+        assert session is not None
+        codes = []
+        for pattern in packet.patterns:
+            sub = state.subscriptions.pop(pattern, None)
+            if sub is None:
+                codes.append(NO_SUBSCRIPTION)
+                continue
+            self._remove(state, session, sub)
+            codes.append(0)
+        await self._write(codec.unsuback(packet.packet_id, codes))
+
+    async def _send_retained(self, sub: Subscribed) -> None:
+        try:
+            from meshbus.plugins.retained import retained_store
+
+            store = retained_store(self.session.vpn)  # type: ignore[union-attr]
+        except (ConfigurationError, ImportError):
+            return  # the node keeps no retained values
+        seen: set[str] = set()
+        found: list[Message] = []
+        for each in sub.filters:
+            for message in store.matching(each):
+                if message.topic not in seen:
+                    seen.add(message.topic)
+                    found.append(message)
+        codec = self.codec
+        assert codec is not None
+        for message in found:
+            if sub.no_local and message.sender == self.client_id:
+                continue
+            store.delivered += 1
+            await self._write(self._encode(message, 0, None, True))
