@@ -119,6 +119,10 @@ class MqttConnection(Subscribing, Delivering):
         self._write_lock = anyio.Lock()
         self._aliases: dict[int, str] = {}
         self._qos2: set[int] = set()  # QoS 2 packet ids received, until their PUBREL
+        self._waiting: list[tuple[str, PublishPacket]] = []  # QoS 1/2 publishes to commit
+        self._work = anyio.Event()
+        self._room = anyio.Event()
+        self._commit_lock = anyio.Lock()
         self._inflight: dict[int, Message] = {}
         self._next_id = 0
         self._special = False  # some subscription uses no-local or retain-as-published
@@ -297,6 +301,7 @@ class MqttConnection(Subscribing, Delivering):
             self._scope = tg.cancel_scope
             self._tg = tg
             tg.start_soon(self._guarded, self._deliver_direct)
+            tg.start_soon(self._guarded, self._commit_loop)
             state = self.state
             if state is not None and state.queue is not None:
                 await self._bind(tg)
@@ -378,24 +383,12 @@ class MqttConnection(Subscribing, Delivering):
                 data = await stream.receive(_READ_SIZE)
             if waited is not None and waited.cancelled_caught:
                 raise Closed("keepalive timed out", KEEPALIVE_TIMEOUT)
-            batch: list[PublishPacket] = []
             for raw in reader.feed(data):
                 packet = read(raw)
                 if type(packet) is PublishPacket:
-                    if packet.qos == 1 and self._plain(packet):
-                        batch.append(packet)  # one commit for all that came together
-                        continue
-                    if batch:
-                        await self._publish_many(batch)
-                        batch = []
                     await self._publish(packet)
                 else:
-                    if batch:
-                        await self._publish_many(batch)
-                        batch = []
                     await self._control(packet)
-            if batch:
-                await self._publish_many(batch)
 
     def _plain(self, packet: PublishPacket) -> bool:
         """Whether a QoS 1 publish can share a store commit with others: no retain,
@@ -412,32 +405,73 @@ class MqttConnection(Subscribing, Delivering):
             )
         return True
 
-    async def _publish_many(self, batch: list[PublishPacket]) -> None:
-        """Plain QoS 1 publishes that arrived together: one store commit, then a PUBACK
-        each (with its own reason when one was refused)."""
-        if len(batch) == 1:
-            await self._publish(batch[0])
-            return
+    async def _commit_loop(self) -> None:
+        """Take the QoS 1 and 2 publishes the reader queued, in order, and answer each
+        once the node holds it: plain QoS 1 ones that queued up together share one
+        store commit, so a client with many in flight does not wait for a commit
+        each; the reader goes on reading meanwhile."""
+        while True:
+            if not self._waiting:
+                self._work = anyio.Event()
+                await self._work.wait()
+                continue
+            async with self._commit_lock:
+                await self._commit_waiting()
+
+    async def _commit_waiting(self) -> None:
+        items, self._waiting = self._waiting, []
+        self._room.set()
+        codec = self.codec
+        assert codec is not None
+        acks: list[bytes] = []
+        i = 0
+        while i < len(items):
+            j = i
+            while j < len(items) and items[j][1].qos == 1 and self._plain(items[j][1]):
+                j += 1
+            if j - i > 1:
+                acks += await self._send_batch(items[i:j])
+                i = j
+            else:
+                acks.append(await self._send_one(*items[i]))
+                i += 1
+        await self._write(b"".join(acks))
+
+    async def _send_batch(self, batch: list[tuple[str, PublishPacket]]) -> list[bytes]:
+        """Plain QoS 1 publishes: one store commit, then a PUBACK each (with its own
+        reason when one was refused)."""
         session = self.session
         codec = self.codec
         assert session is not None
         assert codec is not None
-        for packet in batch:
-            if "+" in packet.topic or "#" in packet.topic:
-                raise MalformedPacket("a PUBLISH topic holds a wildcard", TOPIC_NAME_INVALID)
-        self.listener.received += len(batch)
         try:
-            results = await session.send_many([(p.topic, p.payload) for p in batch])
+            results = await session.send_many([(t, p.payload) for t, p in batch])
         except MeshbusError as exc:
             log.warning("MQTT client %r: %d publishes failed: %s", self.client_id, len(batch), exc)
             results = [exc] * len(batch)
         acks = []
-        for packet, result in zip(batch, results, strict=True):
+        for (_, packet), result in zip(batch, results, strict=True):
             reason = 0 if result is None else _reason(result)
             if reason:
                 self.listener.refused_publishes += 1
             acks.append(codec.ack(4, packet.packet_id or 0, reason))
-        await self._write(b"".join(acks))
+        return acks
+
+    async def _send_one(self, topic: str, packet: PublishPacket) -> bytes:
+        codec = self.codec
+        session = self.session
+        assert codec is not None
+        assert session is not None
+        packet_id = packet.packet_id or 0
+        if packet.qos == 2 and packet_id in self._qos2:
+            return codec.ack(5, packet_id)  # a resend: it was taken already
+        options = publish_options(packet) if codec.v5 else {}
+        reason = await self._send(session, topic, packet, options)
+        if packet.qos == 2:
+            if reason < 0x80:
+                self._qos2.add(packet_id)
+            return codec.ack(5, packet_id, reason)
+        return codec.ack(4, packet_id, reason)
 
     async def _control(self, packet: Any) -> None:
         kind = type(packet)
@@ -458,6 +492,9 @@ class MqttConnection(Subscribing, Delivering):
             self._qos2.discard(packet.packet_id)
             await self._write(codec.ack(7, packet.packet_id, 0 if known else 0x92))
         elif kind is DisconnectPacket:
+            async with self._commit_lock:  # what it sent before its goodbye is answered
+                if self._waiting:
+                    await self._commit_waiting()
             if packet.reason_code != 4:  # 4: disconnect with will message
                 self.will = None
             state = self.state
@@ -494,9 +531,9 @@ class MqttConnection(Subscribing, Delivering):
         if "+" in topic or "#" in topic:
             raise MalformedPacket("a PUBLISH topic holds a wildcard", TOPIC_NAME_INVALID)
         qos = packet.qos
-        options = publish_options(packet) if codec.v5 else {}
         self.listener.received += 1
         if qos == 0:
+            options = publish_options(packet) if codec.v5 else {}
             try:
                 session.publish(topic, packet.payload, retain=packet.retain, **options)
             except InvalidTopicError as exc:
@@ -505,20 +542,13 @@ class MqttConnection(Subscribing, Delivering):
                 self.listener.refused_publishes += 1
                 log.info("MQTT client %r: QoS 0 publish dropped: %s", self.client_id, exc)
             return
-        packet_id = packet.packet_id
-        assert packet_id is not None
-        if qos == 2 and packet_id in self._qos2:
-            await self._write(codec.ack(5, packet_id))  # a resend: it was taken already
-            return
-        if qos == 2 and len(self._qos2) >= self.settings.receive_maximum:
+        if len(self._qos2) + len(self._waiting) >= self.settings.receive_maximum and qos == 2:
             raise Closed("more QoS 2 publishes in flight than allowed", RECEIVE_MAX_EXCEEDED)
-        reason = await self._send(session, topic, packet, options)
-        if qos == 2:
-            if reason < 0x80:
-                self._qos2.add(packet_id)
-            await self._write(codec.ack(5, packet_id, reason))
-        else:
-            await self._write(codec.ack(4, packet_id, reason))
+        self._waiting.append((topic, packet))
+        self._work.set()
+        while len(self._waiting) >= self.settings.receive_maximum:
+            self._room = anyio.Event()
+            await self._room.wait()  # the client sends more than it may: it waits
 
     async def _send(
         self, session: Session, topic: str, packet: PublishPacket, options: dict[str, Any]
