@@ -49,7 +49,7 @@ from meshbus.abc import Flow
 from meshbus.transports import Backoff, TlsSettings
 
 from ._client_codec import ClientCodec
-from ._codec import MQTT_5, MQTT_311, MalformedPacket, PacketReader
+from ._codec import MQTT_5, MQTT_311, MalformedPacket, PacketReader, Publish311
 from ._translate import CONTENT_TYPE, publish_options
 
 __all__ = [
@@ -471,7 +471,7 @@ class MqttLink(Link):
             for raw in reader.feed(data):
                 packet = codec.read_server(raw)
                 kind = type(packet)
-                if kind is PublishPacket:
+                if kind is PublishPacket or kind is Publish311:
                     await self._incoming(packet, codec)
                 elif kind is PubAckPacket:
                     message = self._inflight.pop(packet.packet_id, None)

@@ -50,7 +50,7 @@ from meshbus import (
 )
 from meshbus.abc import Flow
 
-from ._codec import MQTT_5, Codec, MalformedPacket, PacketReader, read_connect
+from ._codec import MQTT_5, Codec, MalformedPacket, PacketReader, Publish311, read_connect
 from ._delivering import Delivering
 from ._reasons import (
     BAD_AUTH_METHOD,
@@ -78,6 +78,8 @@ log = logging.getLogger("meshbus.mqtt")
 _PERSISTENT = DeliveryMode.PERSISTENT
 _READ_SIZE = 65536
 _BATCH = 64  # direct messages written in one go, at most
+
+_PUBLISHES = (PublishPacket, Publish311)
 
 _ENDINGS = (
     Closed,
@@ -385,7 +387,7 @@ class MqttConnection(Subscribing, Delivering):
                 raise Closed("keepalive timed out", KEEPALIVE_TIMEOUT)
             for raw in reader.feed(data):
                 packet = read(raw)
-                if type(packet) is PublishPacket:
+                if type(packet) in _PUBLISHES:
                     await self._publish(packet)
                 else:
                     await self._control(packet)
