@@ -146,7 +146,13 @@ class Session:
     @deliver.setter
     def deliver(self, stage: Callable[[Message], None]) -> None:
         self._deliver = stage
-        plain = stage is self.sink and self._handler is None and not self.closed
+        # Only the buffer's own push may be skipped: a plugin may have replaced the sink.
+        plain = (
+            stage is self.sink
+            and stage == self._egress.push
+            and self._handler is None
+            and not self.closed
+        )
         self.direct_egress = self._egress if plain else None
 
     def __repr__(self) -> str:

@@ -749,3 +749,18 @@ async def test_invalid_subscription_is_refused_and_changes_nothing(
         sub.subscribe(subscription)
     assert sub.subscriptions == ("kept",)
     assert sub.statistics().subscriptions == 1
+
+
+async def test_a_sink_a_plugin_puts_in_place_gets_the_direct_deliveries() -> None:
+    # A protocol plugin may replace the end of a session's delivery path (the MQTT
+    # listener writes idle connections' messages from the publisher's call): the
+    # direct router must then call it, not append to the buffer behind its back.
+    async with Node() as node:
+        session = node.connect()
+        session.subscribe("t")
+        seen: list[bytes] = []
+        session.sink = lambda message: seen.append(message.payload)
+        session.deliver = session.sink
+        node.connect().publish("t", b"x")
+        assert seen == [b"x"]
+        assert session.receive_nowait() is None
