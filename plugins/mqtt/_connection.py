@@ -128,6 +128,7 @@ class MqttConnection(Subscribing, Delivering):
         self._inflight: dict[int, Message] = {}
         self._next_id = 0
         self._special = False  # some subscription uses no-local or retain-as-published
+        self._direct_busy = False  # the direct deliverer holds messages it has not written
         self._ended = anyio.Event()
         self._scope: anyio.CancelScope | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -302,6 +303,7 @@ class MqttConnection(Subscribing, Delivering):
         async with anyio.create_task_group() as tg:
             self._scope = tg.cancel_scope
             self._tg = tg
+            self._write_through()
             tg.start_soon(self._guarded, self._deliver_direct)
             tg.start_soon(self._guarded, self._commit_loop)
             state = self.state

@@ -47,6 +47,9 @@ class MqttListenerStatistics:
     """PUBLISH packets taken from clients."""
     sent: int
     """PUBLISH packets sent to clients."""
+    written_through: int
+    """Of those, the ones written from the publisher's own call (the client's
+    connection was idle), without waking its delivery task."""
     refused_publishes: int
     """Publishes the node refused (ACL, limits)."""
     too_large: int
@@ -75,6 +78,7 @@ class MqttListener:
         self.connections: set[MqttConnection] = set()
         self.accepted = self.logins = self.refused = self.turned_away = self.malformed = 0
         self.received = self.sent = self.refused_publishes = self.too_large = self.wills = 0
+        self.written_through = 0
         self.logging_in = 0
 
     def __repr__(self) -> str:
@@ -98,6 +102,7 @@ class MqttListener:
             self.malformed,
             self.received,
             self.sent,
+            self.written_through,
             self.refused_publishes,
             self.too_large,
             self.wills,
