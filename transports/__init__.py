@@ -23,6 +23,7 @@ from ._remote_flow import RemoteFlow
 from ._server import (
     Server,
     ServerStatistics,
+    accept_stream,
     certificate_common_name,
     peer_address,
     peer_name,
@@ -65,6 +66,7 @@ __all__ = [
     "Target",
     "TlsSettings",
     "WireLink",
+    "accept_stream",
     "adopt_tcp_stream",
     "certificate_common_name",
     "connect",

@@ -46,10 +46,12 @@ from ._streams import map_exceptions
 if TYPE_CHECKING:
     from meshbus._node import Node
     from meshbus._session import Session
+    from meshbus.abc import Clock
 
 __all__ = [
     "Server",
     "ServerStatistics",
+    "accept_stream",
     "certificate_common_name",
     "peer_address",
     "peer_name",
@@ -164,34 +166,13 @@ class Server:
     async def _serve_tcp(
         self, stream: anyio.abc.ByteStream, peer: str, slot: _LoginSlot, address: str | None
     ) -> None:
-        stream = adopt_tcp_stream(stream)
-        certificate_name = None
-        if self._context is not None:
-            try:
-                with self.node.clock.fail_after(self.settings.handshake_timeout):
-                    stream = await TLSStream.wrap(
-                        stream,
-                        server_side=True,
-                        ssl_context=self._context,
-                        standard_compatible=False,
-                    )
-            except (
-                TimeoutError,
-                ssl.SSLError,
-                OSError,
-                anyio.BrokenResourceError,
-                anyio.EndOfStream,
-            ) as exc:
-                self.failed += 1
-                log.warning(
-                    "closing connection from %s: TLS handshake failed: %s",
-                    peer,
-                    str(exc) or type(exc).__name__,
-                )
-                await anyio.aclose_forcefully(stream)
-                return
-            certificate = stream.extra(TLSAttribute.peer_certificate, None)
-            certificate_name = certificate_common_name(certificate)
+        accepted = await accept_stream(
+            stream, self._context, self.node.clock, self.settings.handshake_timeout, peer
+        )
+        if accepted is None:
+            self.failed += 1
+            return
+        stream, certificate_name = accepted
         await self._serve(stream, peer, certificate_name, slot, address)
 
     async def serve(
@@ -545,6 +526,50 @@ def peer_address(stream: anyio.abc.ByteStream) -> str | None:
             return str(ip.ipv4_mapped)
         return str(ipaddress.IPv6Network((ip, 64), strict=False))
     return str(ip)
+
+
+_HANDSHAKE_FAILURES = (
+    TimeoutError,
+    ssl.SSLError,
+    OSError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+)
+
+
+async def accept_stream(
+    stream: anyio.abc.ByteStream,
+    context: ssl.SSLContext | None,
+    clock: Clock,
+    timeout: float,
+    peer: str,
+) -> tuple[anyio.abc.ByteStream, str | None] | None:
+    """An accepted TCP stream made ready to serve: adopted for fast writes
+    (:func:`adopt_tcp_stream`) and, with a ``context``, wrapped in TLS within
+    ``timeout`` seconds of ``clock``. Return it with the common name of the client
+    certificate verified (``None`` without one); ``None`` when the TLS handshake
+    failed (logged, and the stream closed)."""
+    stream = adopt_tcp_stream(stream)
+    if context is None:
+        return stream, None
+    try:
+        with clock.fail_after(timeout):
+            stream = await TLSStream.wrap(
+                stream, server_side=True, ssl_context=context, standard_compatible=False
+            )
+    except (
+        TimeoutError,
+        ssl.SSLError,
+        OSError,
+        anyio.BrokenResourceError,
+        anyio.EndOfStream,
+    ) as exc:
+        why = str(exc) or type(exc).__name__
+        log.warning("closing connection from %s: TLS handshake failed: %s", peer, why)
+        await anyio.aclose_forcefully(stream)
+        return None
+    certificate = stream.extra(TLSAttribute.peer_certificate, None)
+    return stream, certificate_common_name(certificate)
 
 
 def peer_name(stream: anyio.abc.ByteStream) -> str:

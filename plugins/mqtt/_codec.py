@@ -22,6 +22,7 @@ another exception.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import mqtt5
@@ -439,7 +440,7 @@ class Codec:
         self.read = _read5 if self.v5 else _read311
         #: ``publish(topic, payload, qos, packet_id, retain, duplicate, properties)``:
         #: the PUBLISH bytes (``properties`` are MQTT 5's, ignored on 3.1.1).
-        self.publish = _publish5 if self.v5 else _publish311_bytes  # type: ignore[method-assign]
+        self.publish: Callable[..., bytes] = _publish5 if self.v5 else _publish311_bytes
 
     def connack(self, session_present: bool, reason: int, **properties: Any) -> bytes:
         """CONNACK; ``reason`` is the MQTT 5 code (mapped to a 3.1.1 return code)."""
@@ -451,20 +452,6 @@ class Codec:
             ).write()
         code = _CONNACK_311.get(reason, 5 if reason else 0)
         return bytes((0x20, 2, 1 if session_present and not code else 0, code))
-
-    def publish(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        packet_id: int | None,
-        retain: bool,
-        duplicate: bool,
-        properties: dict[str, Any] | None,
-    ) -> bytes:
-        """A PUBLISH to the client (``properties``: MQTT 5 ones, ignored on 3.1.1).
-        Replaced in ``__init__`` by the level's own function, called directly."""
-        raise NotImplementedError  # pragma: no cover
 
     def ack(self, kind: int, packet_id: int, reason: int = 0) -> bytes:
         """PUBACK (4), PUBREC (5), PUBREL (6) or PUBCOMP (7)."""

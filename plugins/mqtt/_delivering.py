@@ -14,22 +14,21 @@ from meshbus import (
     DeliveryMode,
     MeshbusError,
     Message,
-    Session,
     StateError,
     filter_matches,
 )
 from meshbus.abc import Flow
 
+from ._parts import Parts
 from ._reasons import (
     SERVER_SHUTTING_DOWN,
     SESSION_TAKEN_OVER,
     Closed,
 )
-from ._sessions import MqttSession
 from ._translate import v5_properties
 
 if TYPE_CHECKING:
-    from ._codec import Codec
+    pass
 
 log = logging.getLogger("meshbus.mqtt")
 _PERSISTENT = DeliveryMode.PERSISTENT
@@ -38,34 +37,8 @@ _BATCH = 64  # direct messages written in one go, at most
 __all__ = ["Delivering"]
 
 
-class Delivering:
+class Delivering(Parts):
     """The delivery half of :class:`~meshbus.plugins.mqtt._connection.MqttConnection`."""
-
-    # What the connection it is mixed into holds.
-    codec: Codec | None
-    session: Session | None
-    state: MqttSession | None
-    flow: Flow | None
-    client_id: str
-    settings: Any
-    listener: Any
-    node: Any
-    taken_over: bool
-    client_max_packet: int | None
-    client_receive_max: int
-    _special: bool
-    _inflight: dict[int, Message]
-    _next_id: int
-    _tg: anyio.abc.TaskGroup | None
-    _write_lock: anyio.Lock
-    _direct_busy: bool
-    stream: anyio.abc.ByteStream
-
-    async def _write(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    async def _guarded(self, part: Any, *args: Any) -> None:
-        raise NotImplementedError
 
     # --- delivering -------------------------------------------------------------------
 

@@ -8,12 +8,10 @@ import ssl
 import anyio
 import anyio.abc
 import attrs
-from anyio.streams.tls import TLSAttribute, TLSStream
 
 from meshbus import Node, StashKey, TransportError
 from meshbus.transports import (
-    adopt_tcp_stream,
-    certificate_common_name,
+    accept_stream,
     peer_address,
     peer_name,
 )
@@ -144,34 +142,12 @@ class MqttListener:
         logged_in = anyio.Event()
         counted = True
         try:
-            stream = adopt_tcp_stream(stream)
-            certificate_name = None
-            if self._context is not None:
-                try:
-                    with self.node.clock.fail_after(self.settings.connect_timeout):
-                        stream = await TLSStream.wrap(
-                            stream,
-                            server_side=True,
-                            ssl_context=self._context,
-                            standard_compatible=False,
-                        )
-                except (
-                    TimeoutError,
-                    ssl.SSLError,
-                    OSError,
-                    anyio.BrokenResourceError,
-                    anyio.EndOfStream,
-                ) as exc:
-                    log.info(
-                        "MQTT TLS handshake with %s failed: %s",
-                        peer,
-                        str(exc) or type(exc).__name__,
-                    )
-                    await anyio.aclose_forcefully(stream)
-                    return
-                certificate_name = certificate_common_name(
-                    stream.extra(TLSAttribute.peer_certificate, None)
-                )
+            accepted = await accept_stream(
+                stream, self._context, self.node.clock, self.settings.connect_timeout, peer
+            )
+            if accepted is None:
+                return
+            stream, certificate_name = accepted
             connection = MqttConnection(self, stream, peer, address, certificate_name)
             self.connections.add(connection)
             try:

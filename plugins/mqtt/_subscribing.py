@@ -7,9 +7,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-import anyio
-import anyio.abc
-
 from meshbus import (
     AccessDeniedError,
     ConfigurationError,
@@ -22,8 +19,8 @@ from meshbus import (
     Session,
     from_mqtt_filter,
 )
-from meshbus.abc import Flow
 
+from ._parts import Parts
 from ._reasons import (
     NO_SUBSCRIPTION,
     NOT_AUTHORIZED,
@@ -38,7 +35,6 @@ from ._sessions import MqttSession, Subscribed
 if TYPE_CHECKING:
     from mqtt5 import SubscribePacket, UnsubscribePacket
 
-    from ._codec import Codec
 
 log = logging.getLogger("meshbus.mqtt")
 _PERSISTENT = DeliveryMode.PERSISTENT
@@ -47,31 +43,8 @@ _BATCH = 64  # direct messages written in one go, at most
 __all__ = ["Subscribing"]
 
 
-class Subscribing:
+class Subscribing(Parts):
     """The subscription half of :class:`~meshbus.plugins.mqtt._connection.MqttConnection`."""
-
-    # What the connection it is mixed into holds.
-    codec: Codec | None
-    session: Session | None
-    state: MqttSession | None
-    flow: Flow | None
-    client_id: str
-    settings: Any
-    listener: Any
-    node: Any
-    taken_over: bool
-    client_max_packet: int | None
-    client_receive_max: int
-    _special: bool
-    _inflight: dict[int, Message]
-    _next_id: int
-    _tg: anyio.abc.TaskGroup | None
-
-    async def _write(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    async def _guarded(self, part: Any, *args: Any) -> None:
-        raise NotImplementedError
 
     # --- subscriptions -----------------------------------------------------------------
 

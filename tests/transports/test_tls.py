@@ -215,9 +215,9 @@ class _Stream:
 def test_failed_logins_are_counted_per_ip_address_or_ipv6_network(
     remote: object, counted_as: str | None
 ) -> None:
-    from meshbus.transports._server import _peer_address
+    from meshbus.transports import peer_address
 
-    assert _peer_address(_Stream(remote)) == counted_as  # type: ignore[arg-type]
+    assert peer_address(_Stream(remote)) == counted_as  # type: ignore[arg-type]
 
 
 async def test_unknown_vpn_is_refused_with_a_clear_message(node: Node, server: Server) -> None:

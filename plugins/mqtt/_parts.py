@@ -1,0 +1,51 @@
+"""What the halves of an MQTT connection share: the state they read, declared once.
+
+:class:`~meshbus.plugins.mqtt._connection.MqttConnection` is put together from its
+subscription half and its delivery half; each is a subclass of :class:`Parts`, which
+names what the connection holds, so each half type-checks on its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from meshbus import Message, Session
+from meshbus.abc import Flow
+
+if TYPE_CHECKING:
+    from ._codec import Codec
+    from ._sessions import MqttSession
+
+__all__ = ["Parts"]
+
+
+class Parts:
+    """The state of a connection, as its halves see it."""
+
+    codec: Codec | None
+    session: Session | None
+    state: MqttSession | None
+    flow: Flow | None
+    client_id: str
+    settings: Any
+    listener: Any
+    node: Any
+    stream: anyio.abc.ByteStream
+    taken_over: bool
+    client_max_packet: int | None
+    client_receive_max: int
+    _special: bool
+    _inflight: dict[int, Message]
+    _next_id: int
+    _tg: anyio.abc.TaskGroup | None
+    _write_lock: anyio.Lock
+    _direct_busy: bool
+
+    async def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def _guarded(self, part: Any, *args: Any) -> None:
+        raise NotImplementedError
