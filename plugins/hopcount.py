@@ -59,7 +59,7 @@ from meshbus.abc import Flow
 
 __all__ = ["KINDS", "REASON", "SETTINGS", "HopCountSettings", "configure", "dropped"]
 
-#: The kinds of link whose messages are counted.
+#: The kinds of link whose messages are counted: bridges to nodes, and to MQTT brokers.
 KINDS = frozenset({"bridge", "mqtt"})
 #: What a drop is counted under.
 REASON = "hop_limit"

@@ -138,7 +138,7 @@ async def test_a_link_can_have_its_own_limit(mesh: Mesh) -> None:
 async def test_links_that_are_not_bridges_are_not_counted(mesh: Mesh) -> None:
     a = await mesh.start("a")
     b = await mesh.start("b")
-    link = mesh.link(b, "a", wants=[">"], kind="mqtt")
+    link = mesh.link(b, "a", wants=[">"], kind="custom")
     await mesh.in_sync(link)
     on_b = subscriber(b, "on-b")
     a.connect().publish("t", b"x")
