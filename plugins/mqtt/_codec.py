@@ -154,7 +154,8 @@ def _remaining_start(data: bytes) -> int:
 
 
 def _read5(data: bytes) -> Packet:
-    if data[0] >> 4 == _PUBLISH:
+    kind = data[0] >> 4
+    if kind == _PUBLISH:
         at = _remaining_start(data)
         if len(data) >= at + 2:
             size = (data[at] << 8) | data[at + 1]
@@ -162,6 +163,12 @@ def _read5(data: bytes) -> Packet:
                 data[at + 2 : at + 2 + size].decode("utf-8")
             except UnicodeDecodeError:
                 raise MalformedPacket("PUBLISH topic is not UTF-8") from None
+            # Properties: a zero length (the common case) is one byte to look at.
+            props = at + 2 + size + (2 if data[0] & 0x06 else 0)
+            if props < len(data) and data[props]:
+                _check_strings5(data, kind)
+    elif kind in _CHECKED5:
+        _check_strings5(data, kind)
     try:
         packet, used = mqtt5.read(memoryview(data))
     except (ValueError, IndexError, TypeError, OverflowError) as exc:
@@ -173,6 +180,104 @@ def _read5(data: bytes) -> Packet:
     if used != len(data):
         raise MalformedPacket("bytes left over after the packet")
     return packet
+
+
+# Which MQTT 5 property holds what (SPEC of MQTT 5, 2.2.2.2), for the check below.
+_BYTE, _U16P, _U32, _VARINT, _STRING, _BINARY, _PAIR = range(7)
+_PROPERTIES = {
+    0x01: _BYTE, 0x02: _U32, 0x03: _STRING, 0x08: _STRING, 0x09: _BINARY, 0x0B: _VARINT,
+    0x11: _U32, 0x12: _STRING, 0x13: _U16P, 0x15: _STRING, 0x16: _BINARY, 0x17: _BYTE,
+    0x18: _U32, 0x19: _BYTE, 0x1A: _STRING, 0x1C: _STRING, 0x1F: _STRING, 0x21: _U16P,
+    0x22: _U16P, 0x23: _U16P, 0x24: _BYTE, 0x25: _BYTE, 0x26: _PAIR, 0x27: _U32,
+    0x28: _BYTE, 0x29: _BYTE, 0x2A: _BYTE,
+}  # fmt: skip
+_CHECKED5 = frozenset({1, 4, 5, 6, 7, 8, 10, 14, 15})  # every packet a client sends but PINGREQ
+
+
+def _varint(c: _Cursor) -> int:
+    value = shift = 0
+    while True:
+        byte = c.byte()
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value
+        shift += 7
+        if shift > 21:
+            raise MalformedPacket("variable byte integer longer than four bytes")
+
+
+def _properties(c: _Cursor) -> None:
+    """Step over a property list, checking that every string in it is UTF-8."""
+    length = _varint(c)
+    end = c.at + length
+    if end > c.end:
+        raise MalformedPacket("properties longer than the packet")
+    while c.at < end:
+        kind = _PROPERTIES.get(_varint(c))
+        if kind is None:
+            raise MalformedPacket("unknown property")
+        if kind == _STRING:
+            c.text()
+        elif kind == _PAIR:
+            c.text()
+            c.text()
+        elif kind == _BINARY:
+            c.binary()
+        elif kind == _VARINT:
+            _varint(c)
+        else:
+            c.at += (1, 2, 4)[kind]  # _BYTE, _U16P, _U32
+    if c.at != end:
+        raise MalformedPacket("a property runs past the property list")
+
+
+def _check_strings5(data: bytes, kind: int) -> None:
+    """Check the strings of an MQTT 5 packet the codec would otherwise *panic* on.
+
+    The ``mqtt5`` codec checks everything else, but a string that is not UTF-8
+    makes it panic (a ``BaseException`` that also prints a Rust backtrace on
+    standard error, once per packet): a client could flood the node's log with
+    them. So the packets that hold strings are walked here first, cheaply (a plain
+    PUBLISH without properties never comes here). Anything else wrong is left to
+    the codec, which says what it is."""
+    c = _Cursor(data, _remaining_start(data))
+    try:
+        if kind == _PUBLISH:
+            c.text()
+            if data[0] & 0x06:
+                c.u16()
+            _properties(c)
+        elif kind in (8, 10):  # SUBSCRIBE, UNSUBSCRIBE: filters after the properties
+            c.u16()
+            _properties(c)
+            while c.at < c.end:
+                c.text()
+                if kind == 8:
+                    c.byte()
+        elif kind == _CONNECT:
+            c.binary()  # the protocol name (checked by read_connect)
+            c.byte()
+            flags = c.byte()
+            c.u16()
+            _properties(c)
+            c.text()  # the client id
+            if flags & 0x04:  # a will: its properties, topic and payload
+                _properties(c)
+                c.text()
+                c.binary()
+            if flags & 0x80:
+                c.text()
+        else:  # acks, DISCONNECT, AUTH: a reason code, then properties, when present
+            if kind in (4, 5, 6, 7):
+                c.u16()
+            if c.at < c.end:
+                c.byte()
+                if c.at < c.end:
+                    _properties(c)
+    except MalformedPacket as exc:
+        if "UTF-8" in str(exc) or "U+0000" in str(exc):
+            raise
+        # Not a string: the codec reads the packet and says what is wrong with it.
 
 
 # --- MQTT 3.1.1 -------------------------------------------------------------------
@@ -302,6 +407,13 @@ class Publish311:
 
 
 def _read311(data: bytes) -> Packet:
+    try:
+        return _decode311(data)
+    except ValueError as exc:  # the packet classes refuse, say, a misplaced wildcard
+        raise MalformedPacket(str(exc) or "invalid packet") from None
+
+
+def _decode311(data: bytes) -> Packet:
     first = data[0]
     kind = first >> 4
     if kind == _PUBLISH:
@@ -401,7 +513,10 @@ def read_connect(data: bytes) -> tuple[int, ConnectPacket]:
         assert isinstance(packet, ConnectPacket)
         return level, packet
     if name == b"MQTT" and level == MQTT_311:
-        return level, _connect311(c)
+        try:
+            return level, _connect311(c)
+        except ValueError as exc:  # a will topic the packet classes refuse
+            raise MalformedPacket(str(exc) or "invalid CONNECT") from None
     if name in (b"MQTT", b"MQIsdp"):
         raise MalformedPacket(f"protocol level {level} is not supported", 0x84)
     raise MalformedPacket(f"protocol name {name!r} is not MQTT")

@@ -513,7 +513,8 @@ class MqttConnection(Subscribing, Delivering):
         elif kind in (PubRecPacket, PubCompPacket):
             pass  # the node sends at most QoS 1: nothing of these is expected, nothing to do
         else:
-            raise MalformedPacket(f"{kind.__name__} is not supported", BAD_AUTH_METHOD)
+            # AUTH (enhanced authentication) is not offered: CONNACK said no method.
+            raise MalformedPacket(f"{kind.__name__} is not supported", PROTOCOL_ERROR)
 
     async def _publish(self, packet: PublishPacket) -> None:
         codec = self.codec

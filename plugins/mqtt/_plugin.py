@@ -19,7 +19,7 @@ from meshbus import (
     Vpn,
     hookimpl,
 )
-from meshbus.transports import read_listener_tls_table
+from meshbus.transports import DEFAULT_PORT, DEFAULT_TLS_PORT, read_listener_tls_table
 
 from ._listener import LISTENERS, REGISTRY, MqttListener, start_mqtt_listener
 from ._sessions import SessionRegistry
@@ -76,15 +76,16 @@ def _read(
     reader: ConfigReader, raw: object, path: str, context: ConfigContext
 ) -> tuple[MqttListenerSettings, ...] | None:
     table = reader.table(raw, path)
-    if table is None or not reader.keys(table, path, ("listeners",)):
+    if table is None:
         return None
+    failed = not reader.keys(table, path, ("listeners",))  # reported; read on for the rest
     items = table.get("listeners", [])
     where = reader.join(path, "listeners")
     if not isinstance(items, list):
         reader.report(where, "expected an array of tables ([[mqtt.listeners]])")
         return None
+    taken = _node_ports(context.parent.get("listeners"))
     built: list[MqttListenerSettings] = []
-    failed = False
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
         entry = reader.table(item, at)
@@ -105,15 +106,42 @@ def _read(
         if settings is None:
             failed = True
             continue
-        clash = next(
-            (b for b in built if b.port and b.port == settings.port and b.host == settings.host),
-            None,
-        )
+        clash = _clash(settings, [(b.host, b.port, "an MQTT listener") for b in built] + taken)
         if clash is not None:
-            reader.report(reader.join(at, "port"), f"{settings.host}:{settings.port} is used twice")
+            reader.report(reader.join(at, "port"), clash)
             failed = True
         built.append(settings)
     return None if failed else tuple(built)
+
+
+_ANY_HOST = ("0.0.0.0", "::", "")
+
+
+def _node_ports(raw: object) -> list[tuple[str, int, str]]:
+    """Where the node's own listeners listen (as the file gives them)."""
+    if raw is None:
+        return [("127.0.0.1", DEFAULT_PORT, "the node's listener")]
+    found = []
+    for each in raw if isinstance(raw, list) else []:
+        if isinstance(each, dict):
+            port = each.get("port", DEFAULT_TLS_PORT if "tls" in each else DEFAULT_PORT)
+            host = each.get("host", "127.0.0.1")
+            if isinstance(port, int) and isinstance(host, str):
+                found.append((host, port, "a node listener"))
+    return found
+
+
+def _clash(settings: MqttListenerSettings, others: list[tuple[str, int, str]]) -> str | None:
+    """Why ``settings`` cannot listen beside ``others``: the same port on the same host,
+    or on hosts that overlap (an address and a wildcard), or ``None``."""
+    if not settings.port:
+        return None  # a free port each: never the same
+    for host, port, what in others:
+        if port != settings.port:
+            continue
+        if host == settings.host or host in _ANY_HOST or settings.host in _ANY_HOST:
+            return f"{settings.host}:{settings.port} is used twice ({what} listens there too)"
+    return None
 
 
 def _configure(node: Node, settings: tuple[MqttListenerSettings, ...]) -> None:
