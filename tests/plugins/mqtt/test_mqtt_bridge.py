@@ -299,3 +299,78 @@ def test_a_wrong_mqtt_bridge_table_lists_every_problem(tmp_path: Path) -> None:
     assert "mqtt.protocol: must be 4 (MQTT 3.1.1) or 5, got 3" in problems
     assert "mqtt.qos: must be 0 or 1, got 2" in problems
     assert "mqtt.colour: unknown key" in problems
+
+
+@pytest.mark.slow  # about 2 s: a broker, a node and clients, each a process of its own
+async def test_meshbus_run_bridges_its_mqtt_devices_to_a_broker(
+    mosquitto: Mosquitto, tmp_path: Path, anyio_backend: str
+) -> None:
+    """Devices on the node's MQTT listener and clients of the broker exchange messages
+    through a bridge in the node's file, both ways, across three processes."""
+    import sys
+
+    from tests.plugins.dmr.test_dmr_processes import free_port
+    from tests.processes import Child
+
+    device_port = free_port()
+    (tmp_path / "edge.toml").write_text(
+        f"""
+[node]
+name = "edge"
+data_dir = "spool"
+
+[[mqtt.listeners]]
+port = {device_port}
+
+[[vpns.default.bridges]]
+name = "cloud"
+remotes = ["{mosquitto.url}"]
+mqtt = {{ protocol = 5, client_id = "edge-1" }}
+variables = {{ site = "s7" }}
+
+[[vpns.default.bridges.topics]]
+filter = "devices/>"
+mode = "PUB"
+destination = "${{site}}/{{2-#}}"
+
+[[vpns.default.bridges.topics]]
+filter = "commands/s7/>"
+mode = "SUB"
+destination = "commands/{{3-#}}"
+""",
+        encoding="utf-8",
+    )
+    args = [sys.executable, "-m", "meshbus", "run", "edge.toml", "--loop", anyio_backend]
+    child = Child(args, tmp_path)
+    try:
+        child.wait_for("meshbus run: node edge listening on ")
+        cloud = Paho(mosquitto.port, "cloud-app", V5)
+        await cloud.connect()
+        await cloud.subscribe(("s7/#", 1))
+        device = Paho(device_port, "meter-1", V5)
+        with anyio.fail_after(15):  # the listener opens once the node runs
+            while True:
+                try:
+                    await device.connect()
+                    break
+                except OSError:
+                    await anyio.sleep(0.05)
+        await device.subscribe(("commands/#", 1))
+        with anyio.fail_after(15):  # the bridge logs in to the broker meanwhile
+            while True:
+                await device.publish("devices/meter-1/kwh", b"12", qos=1)
+                try:
+                    got = await cloud.receive(timeout=0.5)
+                    break
+                except Exception:  # nothing yet: the bridge was not in sync
+                    continue
+        assert (got.topic, got.payload) == ("s7/meter-1/kwh", b"12")
+        await cloud.publish("commands/s7/meter-1/reset", b"now", qos=1)
+        command = await device.receive()
+        assert (command.topic, command.payload, command.qos) == (
+            "commands/meter-1/reset",
+            b"now",
+            1,
+        )
+    finally:
+        child.close()
