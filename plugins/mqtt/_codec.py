@@ -238,46 +238,42 @@ def _check_strings5(data: bytes, kind: int) -> None:
     makes it panic (a ``BaseException`` that also prints a Rust backtrace on
     standard error, once per packet): a client could flood the node's log with
     them. So the packets that hold strings are walked here first, cheaply (a plain
-    PUBLISH without properties never comes here). Anything else wrong is left to
-    the codec, which says what it is."""
+    PUBLISH without properties never comes here), and one whose strings cannot be
+    reached as the packet's lengths say (a property list running past its end, say)
+    is malformed here too: left to the codec, it would read those strings anyway."""
     c = _Cursor(data, _remaining_start(data))
-    try:
-        if kind == _PUBLISH:
+    if kind == _PUBLISH:
+        c.text()
+        if data[0] & 0x06:
+            c.u16()
+        _properties(c)
+    elif kind in (8, 10):  # SUBSCRIBE, UNSUBSCRIBE: filters after the properties
+        c.u16()
+        _properties(c)
+        while c.at < c.end:
             c.text()
-            if data[0] & 0x06:
-                c.u16()
-            _properties(c)
-        elif kind in (8, 10):  # SUBSCRIBE, UNSUBSCRIBE: filters after the properties
-            c.u16()
-            _properties(c)
-            while c.at < c.end:
-                c.text()
-                if kind == 8:
-                    c.byte()
-        elif kind == _CONNECT:
-            c.binary()  # the protocol name (checked by read_connect)
-            c.byte()
-            flags = c.byte()
-            c.u16()
-            _properties(c)
-            c.text()  # the client id
-            if flags & 0x04:  # a will: its properties, topic and payload
-                _properties(c)
-                c.text()
-                c.binary()
-            if flags & 0x80:
-                c.text()
-        else:  # acks, DISCONNECT, AUTH: a reason code, then properties, when present
-            if kind in (4, 5, 6, 7):
-                c.u16()
-            if c.at < c.end:
+            if kind == 8:
                 c.byte()
-                if c.at < c.end:
-                    _properties(c)
-    except MalformedPacket as exc:
-        if "UTF-8" in str(exc) or "U+0000" in str(exc):
-            raise
-        # Not a string: the codec reads the packet and says what is wrong with it.
+    elif kind == _CONNECT:
+        c.binary()  # the protocol name (checked by read_connect)
+        c.byte()
+        flags = c.byte()
+        c.u16()
+        _properties(c)
+        c.text()  # the client id
+        if flags & 0x04:  # a will: its properties, topic and payload
+            _properties(c)
+            c.text()
+            c.binary()
+        if flags & 0x80:
+            c.text()
+    else:  # acks, DISCONNECT, AUTH: a reason code, then properties, when present
+        if kind in (4, 5, 6, 7):
+            c.u16()
+        if c.at < c.end:
+            c.byte()
+            if c.at < c.end:
+                _properties(c)
 
 
 # --- MQTT 3.1.1 -------------------------------------------------------------------
