@@ -269,7 +269,13 @@ class MqttConnection(Subscribing, Delivering):
         if state is not None and state.connection is not None:
             old = state.connection
             old.taken_over = True
+            will, old.will = old.will, None  # its session is closed: this one publishes it
             await old.stop()
+            # MQTT 5 (3.1.4): the will of a client taken over is published, unless it
+            # has a delay and the session goes on (the client came back within it).
+            if will is not None and (connect.clean_start or not will.will_delay_interval):
+                assert self.session is not None
+                await self._send_will(self.session, will)
         if state is not None and connect.clean_start:
             await registry.discard(state)
             state = None
@@ -340,7 +346,7 @@ class MqttConnection(Subscribing, Delivering):
                     if not sub.queued:
                         for each in sub.filters:
                             session.unsubscribe(each)
-            if self.will is not None and session is not None and not self.taken_over:
+            if self.will is not None and session is not None:
                 await self._publish_will(state, session)
             if state.expiry == 0:
                 await self.listener.registry.discard(state)
@@ -361,6 +367,9 @@ class MqttConnection(Subscribing, Delivering):
             await clock.sleep_until(clock.monotonic() + delay)
             if state.generation != generation or session.closed:
                 return  # the client came back within the delay: no will
+        await self._send_will(session, will)
+
+    async def _send_will(self, session: Session, will: Any) -> None:
         try:
             options = publish_options(will)
             payload = will.payload or b""

@@ -332,3 +332,16 @@ async def test_statistics_show_under_the_vpn(node: Node, listener: MqttListener)
     assert counts["logins"] == 1
     assert counts["received"] == 1
     assert mqtt["sessions"] == 1
+
+
+async def test_a_connection_taken_over_publishes_its_will(listener: MqttListener) -> None:
+    # MQTT 5, 3.1.4: the existing client's will is published when it is taken over.
+    watcher = Paho(listener.port, "watcher", V5)
+    await watcher.connect()
+    await watcher.subscribe(("status/#", 1))
+    first = Paho(listener.port, "device", V5)
+    await first.connect(will=("status/device", b"replaced", 1, False))
+    second = Paho(listener.port, "device", V5)
+    await second.connect()
+    will = await watcher.receive()
+    assert (will.topic, will.payload) == ("status/device", b"replaced")
