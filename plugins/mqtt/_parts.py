@@ -7,6 +7,7 @@ names what the connection holds, so each half type-checks on its own.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -43,9 +44,6 @@ class Parts:
     _tg: anyio.abc.TaskGroup | None
     _write_lock: anyio.Lock
     _direct_busy: bool
-
-    async def _write(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    async def _guarded(self, part: Any, *args: Any) -> None:
-        raise NotImplementedError
+    # The connection's own methods the halves call (declared, not defined, here).
+    _write: Callable[[bytes], Awaitable[None]]
+    _guarded: Callable[..., Awaitable[None]]
