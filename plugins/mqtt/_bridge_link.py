@@ -31,7 +31,7 @@ import anyio
 import anyio.abc
 import attrs
 from anyio.streams.tls import TLSStream
-from mqtt5 import PingRespPacket, PubAckPacket, PublishPacket, PubRelPacket, SubAckPacket
+from mqtt5 import PubAckPacket, PublishPacket, PubRelPacket, SubAckPacket
 
 from meshbus import (
     ConfigurationError,
@@ -484,8 +484,6 @@ class MqttLink(Link):
                     if failed:
                         self.reason = f"the broker refused {len(failed)} subscription(s)"
                         log.warning("MQTT bridge %s: %s", self.name, self.reason)
-                elif kind is PingRespPacket:
-                    pass
 
     async def _incoming(self, packet: PublishPacket, codec: ClientCodec) -> None:
         topic, payload = packet.topic, packet.payload

@@ -31,6 +31,7 @@ from mqtt5 import (
     PublishPacket,
     PubRecPacket,
     PubRelPacket,
+    QoS,
     SubscribePacket,
     UnsubscribePacket,
 )
@@ -252,7 +253,7 @@ class MqttConnection(Subscribing, Delivering):
                 "receive_max": settings.receive_maximum,
                 "topic_alias_max": settings.topic_alias_maximum,
                 "max_packet_size": settings.max_packet_size,
-                "max_qos": _qos(2),
+                "max_qos": QoS.EXACTLY_ONCE,  # QoS 2 publishes are taken
                 "subscription_id_available": False,
             }
             if expiry != connect.session_expiry_interval:
@@ -599,14 +600,8 @@ class MqttConnection(Subscribing, Delivering):
         try:
             with anyio.move_on_after(1):
                 await self._write(codec.disconnect(code, why[:200]))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ValueError):
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
-
-
-def _qos(value: int) -> Any:
-    from mqtt5 import QoS
-
-    return QoS(value)
 
 
 def _own_retained(session: Session) -> None:

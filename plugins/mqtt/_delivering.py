@@ -5,7 +5,7 @@ no more of them in flight than the client's receive maximum."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -26,9 +26,6 @@ from ._reasons import (
     Closed,
 )
 from ._translate import v5_properties
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("meshbus.mqtt")
 _PERSISTENT = DeliveryMode.PERSISTENT
