@@ -26,7 +26,7 @@ from ._stash import Stash
 from ._stats import NodeStatistics
 from ._topics import TopicLimits
 from ._vpn import Vpn
-from .abc import Clock, GuaranteedMessaging, RetainedMessages
+from .abc import Clock, GuaranteedMessaging, RetainedMessages, ServiceHandler
 from .errors import AuthenticationError, ConfigurationError, StateError
 
 __all__ = ["DEFAULT_PLUGINS", "Node"]
@@ -106,6 +106,7 @@ class Node:
         self.next_origin_id: Callable[[], int] = itertools.count(time.time_ns()).__next__
         self._guaranteed: GuaranteedMessaging | None = None
         self._retained: RetainedMessages | None = None
+        self._services: dict[str, ServiceHandler] = {}
         #: Checks passwords off the event loop and slows down repeated failed logins
         #: (SPEC 6); replace it to change its settings.
         self.logins = LoginGuard(self.clock)
@@ -182,6 +183,29 @@ class Node:
                 "Node(plugins=[..., 'guaranteed'])"
             )
         return self._guaranteed
+
+    def provide_service(self, name: str, handler: ServiceHandler) -> None:
+        """Let remote clients call ``handler`` by ``name`` (a plugin's request/answer API).
+
+        A client calls it with :meth:`meshbus.transports.RemoteSession.call`; the
+        handler gets the caller's :class:`Session` (its VPN, user and ACL), the call's
+        ``args`` and body, and returns the answer's fields and body. Errors it raises
+        reach the caller as the same meshbus error. See :class:`meshbus.abc.ServiceHandler`.
+
+        :raises ConfigurationError: another handler already has ``name``.
+        """
+        known = self._services.get(name)
+        if known is not None and known is not handler:
+            raise ConfigurationError(f"two plugins provide the service {name!r}")
+        self._services[name] = handler
+
+    def withdraw_service(self, name: str) -> None:
+        """Stop serving ``name`` (calls then fail with :class:`StateError`)."""
+        self._services.pop(name, None)
+
+    def find_service(self, name: str) -> ServiceHandler | None:
+        """The handler registered for ``name``, if any."""
+        return self._services.get(name)
 
     def provide_retained(self, service: RetainedMessages) -> None:
         """Register the retained-messages implementation (done by the plugin)."""

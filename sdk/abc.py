@@ -17,7 +17,28 @@ if TYPE_CHECKING:
     from ._session import Session
     from ._vpn import Vpn
 
-__all__ = ["Clock", "Flow", "GuaranteedMessaging", "RetainedMessages", "SessionAPI"]
+__all__ = [
+    "Clock",
+    "Flow",
+    "GuaranteedMessaging",
+    "RetainedMessages",
+    "ServiceHandler",
+    "SessionAPI",
+]
+
+
+class ServiceHandler(Protocol):
+    """A service a plugin provides to remote clients (:meth:`meshbus.Node.provide_service`).
+
+    Called in the node's event loop for each call, with the calling :class:`Session`
+    (whose VPN, user and ACL the service should apply), the call's ``args`` (a JSON
+    object) and its ``body``; returns the answer's fields (a JSON object) and body.
+    Raise a :class:`~meshbus.MeshbusError` to answer with an error.
+    """
+
+    async def __call__(
+        self, session: Session, args: dict[str, Any], body: bytes
+    ) -> tuple[dict[str, Any], bytes]: ...
 
 
 class Clock(ABC):

@@ -50,6 +50,11 @@ class Answers:
         if self.protocol.state is ConnectionState.OPEN:
             self.protocol.send(K.OK, {"id": request, **result})
 
+    def ok_with_body(self, request: int, result: dict[str, Any], body: bytes) -> None:
+        """Answer ``request`` with OK, ``result``'s fields and ``body`` as the payload."""
+        if self.protocol.state is ConnectionState.OPEN:
+            self.protocol.send(K.OK, {**result, "id": request}, body)
+
     def error(self, request: int | None, exc: BaseException, **extra: Any) -> None:
         """Answer ``request`` with the ERROR of ``exc`` (no request: an asynchronous
         error). A :class:`~meshbus.ProtocolError` is raised instead: it ends the

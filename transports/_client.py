@@ -380,6 +380,7 @@ class RemoteSession:
                     flow._rebound(number)
                     self._flows[number] = flow
             request.result = event.result
+            request.body = payload
             request.done.set()
         elif isinstance(event, ev.FlowClosed):
             flow = self._flows.pop(event.flow, None) if type(event.flow) is int else None
@@ -758,6 +759,25 @@ class RemoteSession:
             raise ProtocolError("BIND answer has no flow number")
         self._flow_list.append(flow)
         return flow
+
+    async def call(
+        self, service: str, args: dict[str, Any] | None = None, body: bytes = b""
+    ) -> tuple[dict[str, Any], bytes]:
+        """Call a service a plugin on the node provides (:meth:`meshbus.Node.provide_service`):
+        send ``args`` (a JSON object) and ``body``, and return the answer's fields and body.
+
+        :raises StateError: the node provides no such service.
+        :raises MeshbusError: the service refused the call (the error it raised).
+        """
+        self._check_open()
+        header = {"what": "call", "service": service, "args": args or {}}
+        request = Request((K.REQUEST, header, body))
+        self._send_request(request)
+        await request.done.wait()
+        if isinstance(request.result, MeshbusError):
+            raise request.result
+        assert request.result is not None
+        return request.result, request.body
 
     async def node_statistics(self) -> dict[str, Any]:
         """The node's statistics as ``meshbus stats`` prints them: this session's VPN,

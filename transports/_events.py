@@ -283,10 +283,16 @@ class FlowClosed:
 
 @attrs.frozen
 class Request:
-    """A request for information (``what``); answered by OK or ERROR."""
+    """A request for information (``what``); answered by OK or ERROR.
+
+    A ``call`` of a service a plugin provides also names the ``service`` and its
+    ``args`` (an object); the frame's payload is the call's body.
+    """
 
     id: int
     what: Any
+    service: Any = None
+    args: Any = None
 
 
 @attrs.frozen
@@ -567,7 +573,9 @@ _DECODERS: dict[int, Callable[[dict[str, Any]], Any]] = {
     K.UNBIND: lambda header: Unbind(_request_id(header, "UNBIND"), header.get("flow")),
     K.ACK: _ack,
     K.FLOW_CLOSED: _flow_closed,
-    K.REQUEST: lambda header: Request(_request_id(header, "REQUEST"), header.get("what")),
+    K.REQUEST: lambda h: Request(
+        _request_id(h, "REQUEST"), h.get("what"), h.get("service"), h.get("args")
+    ),
     K.OK: _ok,
     K.ERROR: _error,
     K.ADVERTISE: _advertise,

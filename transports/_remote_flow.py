@@ -25,7 +25,7 @@ K = FrameKind
 class Request:
     """A frame sent to the node and, once it answers, the answer."""
 
-    __slots__ = ("done", "flow", "frame", "result")
+    __slots__ = ("body", "done", "flow", "frame", "result")
 
     def __init__(
         self, frame: tuple[FrameKind, dict[str, Any], bytes], flow: RemoteFlow | None = None
@@ -36,6 +36,8 @@ class Request:
         self.flow = flow
         self.done = anyio.Event()
         self.result: dict[str, Any] | MeshbusError | None = None
+        #: The answer's payload (a service call's body).
+        self.body = b""
 
 
 class RemoteFlow(Flow):

@@ -41,6 +41,7 @@ from meshbus.errors import (
 
 from . import _events as ev
 from ._answering import Answers, ServedFlows
+from ._calls import ServedCalls
 from ._codec import (
     FrameTooLarge,
     decode_publish,
@@ -141,6 +142,7 @@ class ServedSession:
         self._send_bytes = 0  # payload bytes appended to _sends, at least what it holds
         self.answers = Answers(connection)
         self.flows = ServedFlows(connection, self.answers)
+        self.calls = ServedCalls(connection, session, self.answers)
         #: Messages that could not be written: headers JSON cannot hold, or a message
         #: larger than the client reads (both only from in-process publishers).
         self.undeliverable = 0
@@ -259,6 +261,9 @@ class ServedSession:
             while len(self._sends) >= _MAX_PIPELINED_SENDS or self._sends_too_large():
                 self._sends_room = anyio.Event()
                 await self._sends_room.wait()
+            return
+        if isinstance(event, ev.Request) and event.what == "call":
+            await self.calls.start(event, payload, self._tg)  # answered by its own task
             return
         request = getattr(event, "id", None)
         if request is None:
