@@ -561,7 +561,7 @@ async def spark_demo() -> None:
         return
     import pyarrow.parquet as pq
 
-    bridge = SparkBridge(subscribe=["meters/>"], address="127.0.0.1:0")
+    bridge = SparkBridge(subscribe=["meters/>"], listen="127.0.0.1:0")
     with tempfile.TemporaryDirectory() as work:
         async with Node(name="demo", plugins=[*DEFAULT_PLUGINS, bridge]) as node:
             app = node.connect(client_name="meters")

@@ -155,7 +155,7 @@ def spark_timeout(rows: int) -> float:
 async def bridged_node(**settings: Any) -> AsyncIterator[tuple[Node, Any]]:
     from meshbus.contrib.spark import SparkBridge
 
-    bridge = SparkBridge(address="127.0.0.1:0", **settings)
+    bridge = SparkBridge(listen="127.0.0.1:0", **settings)
     async with Node(name="bench", plugins=[*DEFAULT_PLUGINS, bridge]) as node:
         yield node, bridge
 

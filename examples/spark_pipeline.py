@@ -38,7 +38,7 @@ async def main() -> None:
         print("this example needs Java 17 for Spark: java was not found")
         return
     work = Path(tempfile.mkdtemp(prefix="meshbus-spark-"))
-    bridge = SparkBridge(queues=["clicks"], address="127.0.0.1:0")
+    bridge = SparkBridge(queues=["clicks"], listen="127.0.0.1:0")
     async with Node(plugins=[*DEFAULT_PLUGINS, bridge], data_dir=work / "node") as node:
         queue = node.guaranteed.create_queue("clicks", subscriptions=["clicks/>"])
         app = node.connect(client_name="web-app")

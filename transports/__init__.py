@@ -27,6 +27,7 @@ from ._server import (
     certificate_common_name,
     peer_address,
     peer_name,
+    servers_of,
     start_server,
 )
 from ._settings import (
@@ -78,6 +79,7 @@ __all__ = [
     "peer_address",
     "peer_name",
     "read_backoff_table",
+    "servers_of",
     "read_listener_tls_table",
     "read_tls_table",
     "start_server",

@@ -511,6 +511,11 @@ SERVERS: StashKey[list[Server]] = StashKey()
 """Where a node keeps its servers (``node.stash``), for statistics."""
 
 
+def servers_of(node: Node) -> list[Server]:
+    """The servers (listeners for remote sessions) ``node`` runs, in the order started."""
+    return [server for server in node.stash.get(SERVERS, []) if not server._stopped.is_set()]
+
+
 def peer_address(stream: anyio.abc.ByteStream) -> str | None:
     """Where a client connects from, as failed logins are counted: its IP address, or
     its /64 network for IPv6 (one host usually has a whole /64 to pick from)."""

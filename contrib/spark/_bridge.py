@@ -1,10 +1,11 @@
-"""The ``spark`` plugin: a node's messages, numbered and served to Spark's workers.
+"""The Spark bridge: a node's messages, numbered and served to Spark's processes.
 
 :class:`SparkBridge` is registered on a :class:`meshbus.Node` like any plugin. While
 the node runs it captures streams (topic filters through a session of its own, or a
-queue through a flow) into :class:`StreamLog` objects and serves the ``meshbus``
-data source's requests from a loopback server. Writes from Spark are staged by the
-executors and published by the bridge when Spark commits the batch, once per
+queue through a flow) into :class:`StreamLog` objects, one per partition, and
+provides the node's ``spark`` service, which the ``meshbus`` data source calls over
+the transport like any client (see :mod:`._service`). Writes from Spark are staged by
+the executors and published by the bridge when Spark commits the batch, once per
 ``(sink id, batch id)``.
 """
 
@@ -28,27 +29,25 @@ import pyarrow as pa
 from meshbus import hookimpl, parse_subscription, write_json_atomically
 from meshbus.errors import ConfigurationError, MeshbusError, StateError
 
-from ._columns import arrow_schema
+from ._client import SERVICE
 from ._errors import BridgeError
 from ._log import Sealer, StreamLog
-from ._options import DEFAULT_ADDRESS, parse_address
+from ._options import parse_address, parse_urls
 from ._pipelines import Pipelines
-from ._rows import publishable_rows
-from ._server import ControlServer
+from ._service import serve
 from ._streams import Stream, StreamSpec
-from ._wire import Body
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from meshbus import Node
+    from meshbus.transports import ListenerSettings
 
 __all__ = ["SparkBridge"]
 
 log = logging.getLogger("meshbus.contrib.spark")
 
 _ACK_INTERVAL = 0.02
-_STAGE_EXPIRY = 600.0
 
 
 class SparkBridge(Pipelines):
@@ -63,9 +62,18 @@ class SparkBridge(Pipelines):
         later is bound as it is created, which the guaranteed plugin announces with
         :func:`~meshbus.hookspecs.meshbus_endpoint_interest`. A queue message is
         acknowledged only once every consumer of its stream committed it.
-    :param address: ``host:port`` of the loopback server for Spark's workers
-        (port 0 picks a free one; see :attr:`address`).
-    :param vpn: the Message VPN it logs in to, with ``username``/``password``.
+    :param partitions: how many partitions the declared streams are split into (by
+        message key, else topic); readers name the same count.
+    :param listen: a listener the bridge starts for Spark's processes when the node
+        runs (``host:port``, port 0 picks a free one, or
+        :class:`~meshbus.transports.ListenerSettings` for TLS and limits); ``None``
+        serves on the node's own listeners only. Spark's processes log in there like
+        any client, with the VPN's credentials.
+    :param advertise: the node's URL(s) as Spark's executors must dial them
+        (``tls://gateway.example:55443``), when that is not the listener's own
+        address: a listener bound to all interfaces or behind NAT.
+    :param vpn: the Message VPN it serves and logs in to, with ``username``/``password``
+        (also the defaults its shortcuts give the data source).
     :param queue_window: most queue messages held for Spark and not yet acknowledged.
     :param max_bytes: per topic-filter stream, the most Arrow bytes retained; the
         oldest are dropped (and counted) beyond it.
@@ -80,7 +88,9 @@ class SparkBridge(Pipelines):
         *,
         subscribe: Iterable[str] = (),
         queues: Iterable[str] = (),
-        address: str = DEFAULT_ADDRESS,
+        partitions: int = 1,
+        listen: str | ListenerSettings | None = "127.0.0.1:0",
+        advertise: str | None = None,
         vpn: str = "default",
         username: str = "default",
         password: str | None = None,
@@ -92,11 +102,19 @@ class SparkBridge(Pipelines):
         filters = tuple(subscribe) if not isinstance(subscribe, str) else (subscribe,)
         for topic_filter in filters:
             parse_subscription(topic_filter)
-        self._declared = [StreamSpec(subscribe=tuple(sorted(set(filters))))] if filters else []
+        if not isinstance(partitions, int) or not 1 <= partitions <= 256:
+            raise ConfigurationError(f"partitions must be from 1 to 256, got {partitions!r}")
+        self._declared = (
+            [StreamSpec(subscribe=tuple(sorted(set(filters))), partitions=partitions)]
+            if filters
+            else []
+        )
         self._declared += [
-            StreamSpec(queue=q) for q in ([queues] if isinstance(queues, str) else queues)
+            StreamSpec(queue=q, partitions=partitions)
+            for q in ([queues] if isinstance(queues, str) else queues)
         ]
-        self._host, self._port = parse_address(address)
+        self._listen = _listener_settings(listen)
+        self._advertise = parse_urls(advertise, "advertise") if advertise is not None else None
         if not isinstance(queue_window, int) or queue_window < 1:
             raise ConfigurationError(f"queue_window must be a positive int, got {queue_window!r}")
         self.vpn = vpn
@@ -107,13 +125,19 @@ class SparkBridge(Pipelines):
         self.fetch_wait = fetch_wait
         self.catch_up = catch_up
         self._streams: dict[str, Stream] = {}
-        self._lock = threading.Lock()
-        self._staged: dict[str, tuple[float, pa.Table]] = {}
-        self._sinks: dict[str, int] = {}
+        self.lock = threading.Lock()
+        #: Rows Spark's tasks staged, by token, until their write commits.
+        self.staged: dict[str, tuple[float, pa.Table]] = {}
+        #: The last batch published per sink id, and the batches publishing now.
+        self.sinks: dict[str, int] = {}
+        self.in_flight: set[tuple[str, int]] = set()
         self._sinks_file: Path | None = None
         self._node: Node | None = None
         self._token: Any = None
-        self._server: ControlServer | None = None
+        self._urls: tuple[str, ...] | None = None
+        #: Rows served to each client (by client name): who read what.
+        self.served: dict[str, int] = {}
+        self.limiter = anyio.CapacityLimiter(16)
         self._scopes: list[anyio.CancelScope] = []
         self._listeners: list[tuple[Any, Any]] = []
         self._open_lock: anyio.Lock | None = None
@@ -123,7 +147,7 @@ class SparkBridge(Pipelines):
         self._published = 0
 
     def __repr__(self) -> str:
-        where = self._server.address if self._server is not None else "not running"
+        where = ",".join(self._urls) if self._urls is not None else "not running"
         return f"<SparkBridge {where} streams={list(self._streams)}>"
 
     # --- plugin hooks --------------------------------------------------------------
@@ -148,9 +172,10 @@ class SparkBridge(Pipelines):
         # A bridge can serve a node again after it stopped: nothing carries over.
         self._streams.clear()
         self._scopes.clear()
-        self._staged.clear()
+        self.staged.clear()
         self._awaited.clear()
-        self._in_flight: set[tuple[str, int]] = set()
+        self.in_flight.clear()
+        self.served.clear()
         # login(), not connect(): a password is checked off the event loop (SPEC 6).
         self._session = await node.login(
             self.vpn,
@@ -161,7 +186,7 @@ class SparkBridge(Pipelines):
         )
         if node.data_dir is not None:
             self._sinks_file = node.data_dir / "spark-sinks.json"
-            self._sinks = _load_sinks(self._sinks_file)
+            self.sinks = _load_sinks(self._sinks_file)
         self._sealer = Sealer()
         await node.task_group.start(self._background)
         for spec in self._declared:
@@ -169,14 +194,14 @@ class SparkBridge(Pipelines):
                 await self._open(spec)
             else:
                 node.task_group.start_soon(self._open_when_created, spec)
-        self._server = ControlServer(self._host, self._port, self._dispatch)
-        self._server.start()
-        log.info("spark bridge serving on %s", self._server.address)
+        node.provide_service(SERVICE, self._serve)
         try:
+            self._urls = await self._serving_urls(node)
+            log.info("spark bridge serving on %s", ", ".join(self._urls))
             yield
         finally:
-            self._server.close()
-            self._server = None
+            node.withdraw_service(SERVICE)
+            self._urls = None
             for scope in self._scopes:
                 scope.cancel()
             self._release_acks()
@@ -212,17 +237,54 @@ class SparkBridge(Pipelines):
     def _release_acks(self) -> None:
         for stream in list(self._streams.values()):
             if stream.flow is not None:
-                for message in stream.log.take_releasable():
-                    stream.flow.ack(message)
+                for log_ in stream.logs:
+                    for message in log_.take_releasable():
+                        stream.flow.ack(message)
 
     # --- public ------------------------------------------------------------------------
 
+    async def _serve(self, session: Any, args: dict[str, Any], body: bytes) -> Any:
+        return await serve(self, session, args, body)
+
+    async def _serving_urls(self, node: Node) -> tuple[str, ...]:
+        from meshbus.transports import servers_of, start_server
+
+        if self._listen is not None:
+            server = await start_server(node, self._listen)
+            if self._advertise is not None:
+                return self._advertise
+            return _reachable(server.url, "listen")
+        if self._advertise is not None:
+            return self._advertise
+        servers = [s for s in servers_of(node) if not s.url.startswith("memory:")]
+        if not servers:
+            raise ConfigurationError(
+                "the Spark bridge has no listener to give Spark's executors: pass listen= "
+                "or start the node's listeners before the bridge, or pass advertise="
+            )
+        return _reachable(servers[0].url, "advertise")
+
     @property
     def address(self) -> str:
-        """Where Spark's workers reach the bridge (``host:port``), once the node runs."""
-        if self._server is None:
+        """The node's URL(s) for Spark's processes (the data source's ``address``
+        option), once the node runs."""
+        if self._urls is None:
             raise StateError("the Spark bridge serves only while its node runs")
-        return self._server.address
+        return ",".join(self._urls)
+
+    @property
+    def connect_options(self) -> dict[str, str]:
+        """The data source options that reach this bridge: ``address``, ``vpn``,
+        ``username`` and, when the bridge has one, ``password``."""
+        options = {"address": self.address, "vpn": self.vpn, "username": self._username}
+        if self._password is not None:
+            options["password"] = self._password
+        return options
+
+    def count_served(self, client_name: str, rows: int) -> None:
+        """Count ``rows`` served to ``client_name`` (any thread)."""
+        with self.lock:
+            self.served[client_name] = self.served.get(client_name, 0) + rows
 
     def attach(self, spark: SparkSession) -> None:
         """Register the ``meshbus`` data source and the commit listener on ``spark``.
@@ -247,27 +309,44 @@ class SparkBridge(Pipelines):
 
     def statistics(self) -> dict[str, Any]:
         """Per stream: positions, retained bytes, drops, consumers; and the sinks."""
+        with self.lock:
+            served = dict(self.served)
         return {
-            "streams": {name: s.log.statistics() for name, s in list(self._streams.items())},
-            "sinks": dict(self._sinks),
+            "streams": {
+                name: [log.statistics() for log in s.logs]
+                for name, s in list(self._streams.items())
+            },
+            "sinks": dict(self.sinks),
             "published": self._published,
-            "staged": len(self._staged),
+            "staged": len(self.staged),
+            "served": served,
         }
 
-    def stream(self, *, subscribe: Iterable[str] = (), queue: str | None = None) -> StreamLog:
-        """The log of a running stream (for inspection and tests)."""
+    def stream(
+        self,
+        *,
+        subscribe: Iterable[str] = (),
+        queue: str | None = None,
+        partitions: int = 1,
+        partition: int = 0,
+    ) -> StreamLog:
+        """The log of one partition of a running stream (for inspection and tests)."""
         spec = (
-            StreamSpec(queue=queue)
+            StreamSpec(queue=queue, partitions=partitions)
             if queue
-            else StreamSpec(subscribe=tuple(sorted(set(subscribe))))
+            else StreamSpec(subscribe=tuple(sorted(set(subscribe))), partitions=partitions)
         )
-        return self._streams[spec.id].log
+        return self._streams[spec.id].logs[partition]
 
-    def commit(self, stream: str, consumer: str, next_offset: int) -> None:
-        """Record that ``consumer`` has ``stream`` below ``next_offset`` (thread-safe)."""
+    def commit(self, stream: str, consumer: str, next_offsets: dict[str, int]) -> None:
+        """Record that ``consumer`` has each partition of ``stream`` below its offset in
+        ``next_offsets`` (``{"0": n, ...}``; thread-safe)."""
         found = self._streams.get(stream)
         if found is not None:
-            found.log.commit(consumer, next_offset)
+            for key, offset in next_offsets.items():
+                number = int(key)
+                if 0 <= number < len(found.logs):
+                    found.logs[number].commit(consumer, int(offset))
 
     # --- streams -------------------------------------------------------------------
 
@@ -282,13 +361,17 @@ class SparkBridge(Pipelines):
             raise StateError("the Spark bridge's node is not running")
         stream = Stream(
             spec,
-            StreamLog(
-                spec.id,
-                keep_handles=spec.queue is not None,
-                max_bytes=self.max_bytes,
-                sealer=self._sealer,
-                clock=node.clock.time,
-            ),
+            [
+                StreamLog(
+                    spec.id,
+                    partition=number,
+                    keep_handles=spec.queue is not None,
+                    max_bytes=self.max_bytes,
+                    sealer=self._sealer,
+                    clock=node.clock.time,
+                )
+                for number in range(spec.partitions)
+            ],
         )
         if spec.queue is None:
             session = await node.login(
@@ -296,7 +379,7 @@ class SparkBridge(Pipelines):
                 username=self._username,
                 password=self._password,
                 client_name=f"{node.name}-spark-{uuid.uuid4().hex[:8]}",
-                on_message=stream.log.append,
+                on_message=stream.append,
             )
             try:
                 for topic_filter in spec.subscribe:
@@ -327,12 +410,13 @@ class SparkBridge(Pipelines):
         with self._task_scope():
             try:
                 async for message in stream.flow:
-                    stream.log.append(message)
+                    stream.append(message)
             except MeshbusError as exc:
                 stream.failure = f"queue {stream.spec.queue!r} stopped delivering: {exc}"
                 log.warning("spark bridge: %s", stream.failure)
 
-    def _ensure(self, spec_wire: Any) -> Stream:
+    def ensure(self, spec_wire: Any) -> Stream:
+        """The running stream a request names, opened now if it is new (worker threads)."""
         spec = StreamSpec.from_wire(spec_wire)
         stream = self._streams.get(spec.id)
         if stream is None:
@@ -341,24 +425,9 @@ class SparkBridge(Pipelines):
             raise BridgeError(stream.failure)
         return stream
 
-    # --- requests from Spark's workers (control-server threads) ----------------------
+    # --- serving (worker threads of the spark service) --------------------------------
 
-    def _dispatch(self, header: dict[str, Any], body: Body) -> tuple[dict[str, Any], Body]:
-        if self._node is None:
-            raise BridgeError("the Spark bridge is stopping")
-        op = header.get("op")
-        handler = _OPS.get(op) if isinstance(op, str) else None
-        if handler is None:
-            raise BridgeError(f"unknown request {op!r}")
-        return handler(self, header, body)
-
-    def _op_open(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
-        stream = self._ensure(h.get("stream"))
-        self._catch_up(stream)
-        start = stream.log.register(str(h["consumer"]), str(h.get("starting", "earliest")))
-        return {"stream": stream.spec.id, "start": start}, b""
-
-    def _catch_up(self, stream: Stream) -> None:
+    def catch_up_queue(self, stream: Stream) -> None:
         """Give a queue stream's flow a moment to take what the queue holds.
 
         A query asking how far a queue stream goes means what the queue holds now,
@@ -370,7 +439,7 @@ class SparkBridge(Pipelines):
         deadline = time.monotonic() + self.catch_up
         while time.monotonic() < deadline:
             held = anyio.from_thread.run_sync(self._queue_depth, stream, token=self._token)
-            if stream.log.unacknowledged >= min(held, self.queue_window):
+            if sum(p.unacknowledged for p in stream.logs) >= min(held, self.queue_window):
                 return
             time.sleep(0.005)
 
@@ -380,112 +449,18 @@ class SparkBridge(Pipelines):
         queue = self._node.guaranteed.find_queue(self.vpn, stream.spec.queue)
         return 0 if queue is None else int(queue.usage()[0])
 
-    def _op_latest(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
-        stream = self._ensure(h.get("stream"))
-        self._catch_up(stream)
-        position = h.get("position")
-        if isinstance(position, int):
-            stream.log.adopt(position)
-            stream.log.touch(str(h.get("consumer", "default")), position)
-        end = stream.log.seal()
-        stream.log.mark_served()
-        if isinstance(position, int):
-            end = max(end, position)
-        return {"stream": stream.spec.id, "next": end, "earliest": stream.log.earliest}, b""
+    def publish_rows(
+        self, rows: list[tuple[str, bytes, str | None, dict[str, Any] | None]], mode: str
+    ) -> None:
+        """Publish a committed write's rows from the node's loop (worker threads)."""
+        anyio.from_thread.run(self._publish, rows, mode, token=self._token)
 
-    def _op_bounds(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
-        stream = self._ensure(h.get("stream"))
-        self._catch_up(stream)
-        start, end = stream.log.bounds(
-            str(h.get("consumer", "default")), str(h.get("starting", "earliest"))
-        )
-        return {"stream": stream.spec.id, "start": start, "end": end}, b""
-
-    def _op_fetch(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
-        stream = self._ensure(h.get("stream"))
-        start, end = int(h["start"]), int(h["end"])
-        stream.log.adopt(start)
-        if stream.spec.queue is not None:  # a replayed batch after a restart: redeliveries
-            deadline = time.monotonic() + self.fetch_wait
-            while stream.log.next_offset < end and time.monotonic() < deadline:
-                time.sleep(0.01)
-        pieces = stream.log.read(start, end)
-        if sum(p.num_rows for p in pieces) < end - start:
-            # Spark will commit [start, end) whatever we return: later messages must
-            # not be numbered inside it.
-            log.warning(
-                "spark bridge: stream %r lost offsets below %d (the app restarted or they "
-                "expired); the query skips them",
-                stream.spec.id,
-                end,
-            )
-            stream.log.advance_to(end)
-        include = bool(h.get("headers"))
-        schema = arrow_schema(include)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, schema) as writer:
-            for piece in pieces:
-                writer.write_batch(piece if include else piece.drop_columns(["headers"]))
-        return {"rows": sum(p.num_rows for p in pieces)}, sink.getvalue()
-
-    def _op_commit(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
-        self.commit(str(h["stream"]), str(h["consumer"]), int(h["next"]))
-        return {}, b""
-
-    def _op_stage(self, _: dict[str, Any], body: Body) -> tuple[dict[str, Any], Body]:
-        table = pa.ipc.open_stream(body).read_all()
-        token = uuid.uuid4().hex
-        now = time.monotonic()
-        with self._lock:
-            for old in [t for t, (at, _) in self._staged.items() if now - at > _STAGE_EXPIRY]:
-                del self._staged[old]
-            self._staged[token] = (now, table)
-        return {"token": token, "rows": table.num_rows}, b""
-
-    def _op_discard(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
-        with self._lock:
-            for token in h.get("tokens", []):
-                self._staged.pop(token, None)
-        return {}, b""
-
-    def _op_publish(self, h: dict[str, Any], _: Body) -> tuple[dict[str, Any], Body]:
-        sink, batch = h.get("sink"), h.get("batch")
-        tokens = list(h.get("tokens", []))
-        key = (sink, batch) if sink is not None and batch is not None else None
-        with self._lock:
-            if key is not None and (
-                key[1] <= self._sinks.get(key[0], -1) or key in self._in_flight
-            ):
-                for token in tokens:
-                    self._staged.pop(token, None)
-                return {"status": "duplicate", "rows": 0}, b""
-            missing = [t for t in tokens if t not in self._staged]
-            if missing:
-                raise BridgeError(
-                    f"{len(missing)} staged part(s) of this write are gone (the bridge restarted "
-                    "or they expired); Spark will retry the batch"
-                )
-            tables = [self._staged.pop(t)[1] for t in tokens]
-            if key is not None:
-                self._in_flight.add(key)
-        try:
-            rows = publishable_rows(tables, h.get("topic"))
-            anyio.from_thread.run(
-                self._publish, rows, str(h.get("mode", "direct")), token=self._token
-            )
-            if key is not None:
-                with self._lock:
-                    self._sinks[key[0]] = max(key[1], self._sinks.get(key[0], -1))
-                    if self._sinks_file is not None:
-                        write_json_atomically(self._sinks_file, self._sinks)
-        finally:
-            if key is not None:
-                with self._lock:
-                    self._in_flight.discard(key)
-        return {"status": "published", "rows": len(rows)}, b""
-
-    def _op_stats(self, _: dict[str, Any], __: Body) -> tuple[dict[str, Any], Body]:
-        return self.statistics(), b""
+    def record_sink(self, sink: str, batch: int) -> None:
+        """Remember that ``sink`` published ``batch`` (durably with a data directory)."""
+        with self.lock:
+            self.sinks[sink] = max(batch, self.sinks.get(sink, -1))
+            if self._sinks_file is not None:
+                write_json_atomically(self._sinks_file, self.sinks)
 
     async def _publish(
         self, rows: list[tuple[str, bytes, str | None, dict[str, Any] | None]], mode: str
@@ -515,17 +490,25 @@ class SparkBridge(Pipelines):
         self._published += len(rows)
 
 
-_OPS = {
-    "open": SparkBridge._op_open,
-    "latest": SparkBridge._op_latest,
-    "bounds": SparkBridge._op_bounds,
-    "fetch": SparkBridge._op_fetch,
-    "commit": SparkBridge._op_commit,
-    "stage": SparkBridge._op_stage,
-    "discard": SparkBridge._op_discard,
-    "publish": SparkBridge._op_publish,
-    "stats": SparkBridge._op_stats,
-}
+def _listener_settings(listen: str | ListenerSettings | None) -> ListenerSettings | None:
+    from meshbus.transports import ListenerSettings
+
+    if listen is None or isinstance(listen, ListenerSettings):
+        return listen
+    host, port = parse_address(listen, "listen")
+    return ListenerSettings(host=host, port=port, name="spark")
+
+
+def _reachable(url: str, option: str) -> tuple[str, ...]:
+    """``url`` of a listener, refused when it is a wildcard no machine can dial."""
+    host = url.partition("://")[2].rpartition(":")[0].strip("[]")
+    if host in ("0.0.0.0", "::"):
+        raise ConfigurationError(
+            f"the Spark bridge's listener {url} is bound to all interfaces, which Spark's "
+            f"executors cannot dial: pass advertise='tls://HOST:PORT' (or tcp://) with an "
+            f"address they can reach"
+        )
+    return (url,)
 
 
 def _load_sinks(path: Path) -> dict[str, int]:

@@ -152,18 +152,20 @@ def _offsets(first: int, n: int) -> pa.Array:
 FIELDS = 5
 
 
-def messages_to_batch(messages: Sequence[Message], first_offset: int) -> pa.RecordBatch:
+def messages_to_batch(
+    messages: Sequence[Message], first_offset: int, partition: int = 0
+) -> pa.RecordBatch:
     """Rows for ``messages``, numbered from ``first_offset`` (see :func:`captured_to_batch`)."""
     flat: list[Any] = []
     for m in messages:
         flat += (m.topic, m.payload, m.timestamp, m.options, CREATE_TIME)
-    return captured_to_batch(flat, first_offset)
+    return captured_to_batch(flat, first_offset, partition)
 
 
-def captured_to_batch(flat: list[Any], first_offset: int) -> pa.RecordBatch:
+def captured_to_batch(flat: list[Any], first_offset: int, partition: int = 0) -> pa.RecordBatch:
     """Rows for a capture (:data:`FIELDS` entries a message), with every column.
 
-    ``key`` is the message's correlation ID (UTF-8), ``partition`` is 0, and
+    ``key`` is the message's correlation ID (UTF-8), ``partition`` is ``partition``, and
     ``timestamp`` is the publish time from the node's clock (``timestampType`` 0,
     CreateTime), or the capture's time for a message that had none (``timestampType``
     1, LogAppendTime).
@@ -198,7 +200,7 @@ def captured_to_batch(flat: list[Any], first_offset: int) -> pa.RecordBatch:
         keys,
         pa.array(flat[1::FIELDS], pa.binary()),
         pa.array(flat[0::FIELDS], pa.string()),
-        pa.repeat(pa.scalar(0, pa.int32()), n),
+        pa.repeat(pa.scalar(partition, pa.int32()), n),
         _offsets(first_offset, n),
         pc.cast(pc.round(micros), pa.int64()).cast(_TIMESTAMP),
         kinds,

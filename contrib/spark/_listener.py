@@ -18,13 +18,14 @@ from pyspark.sql.streaming import StreamingQueryListener
 if TYPE_CHECKING:
     from ._bridge import SparkBridge
 
-__all__ = ["CommitListener"]
+__all__ = ["CommitListener", "partition_offsets"]
 
 log = logging.getLogger("meshbus.contrib.spark")
 
 
-def committed_offsets(progress: Any) -> list[tuple[str, str, int]]:
-    """``(stream, consumer, next)`` for each ``meshbus`` source of a progress event."""
+def committed_offsets(progress: Any) -> list[tuple[str, str, dict[str, int]]]:
+    """``(stream, consumer, next)`` for each ``meshbus`` source of a progress event;
+    ``next`` maps each partition (as a string) to its next offset."""
     found = []
     for source in progress.sources:
         try:
@@ -32,8 +33,17 @@ def committed_offsets(progress: Any) -> list[tuple[str, str, int]]:
         except (TypeError, ValueError):
             continue
         if isinstance(end, dict) and "meshbusStream" in end:
-            found.append((str(end["meshbusStream"]), str(end["consumer"]), int(end["next"])))
+            found.append((str(end["meshbusStream"]), str(end["consumer"]), partition_offsets(end)))
     return found
+
+
+def partition_offsets(offset: dict[str, Any]) -> dict[str, int]:
+    """The ``next`` offsets of a checkpointed ``meshbus`` offset, by partition. A plain
+    number (offsets written before streams had partitions) is partition 0's."""
+    value = offset["next"]
+    if isinstance(value, dict):
+        return {str(k): int(v) for k, v in value.items()}
+    return {"0": int(value)}
 
 
 class CommitListener(StreamingQueryListener):

@@ -35,9 +35,10 @@ SEAL_ROWS = 65_536
 
 
 class StreamLog:
-    """The offset-numbered messages of one stream (partition 0).
+    """The offset-numbered messages of one partition of a stream.
 
     :param name: the stream's id, as it appears in checkpointed offsets.
+    :param partition: which partition of the stream it holds (the ``partition`` column).
     :param keep_handles: keep each message to acknowledge it later (queue streams).
     :param max_bytes: for streams without handles, the most Arrow bytes retained.
     :param clock: what stamps a message that arrives without a timestamp.
@@ -47,12 +48,14 @@ class StreamLog:
         self,
         name: str,
         *,
+        partition: int = 0,
         keep_handles: bool = False,
         max_bytes: int = 256 << 20,
         sealer: Sealer | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.name = name
+        self.partition = partition
         self._clock = clock
         self._sealer = sealer
         self.keep_handles = keep_handles
@@ -75,7 +78,8 @@ class StreamLog:
         self.dropped = 0
 
     def __repr__(self) -> str:
-        return f"<StreamLog {self.name!r} [{self._base}, {self.next_offset})>"
+        where = f"{self.name!r}/{self.partition}"
+        return f"<StreamLog {where} [{self._base}, {self.next_offset})>"
 
     # --- writing (the node's event loop) ---------------------------------------------
 
@@ -141,7 +145,7 @@ class StreamLog:
                 start = self._tail_start
                 self._tail_start += rows
             if rows:
-                batch = captured_to_batch(tail, start)
+                batch = captured_to_batch(tail, start, self.partition)
                 with self._lock:
                     self._segments.append((start, batch))
                     self.retained_bytes += batch.nbytes
@@ -304,6 +308,7 @@ class StreamLog:
         with self._lock:
             return {
                 "stream": self.name,
+                "partition": self.partition,
                 "earliest": self._base,
                 "next": self._tail_start + len(self._tail) // FIELDS,
                 "captured": self.captured,

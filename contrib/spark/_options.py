@@ -18,6 +18,7 @@ import attrs
 from meshbus import parse_subscription, validate_topic
 from meshbus.errors import InvalidTopicError
 
+from ._client import NodeTarget
 from ._errors import SparkOptionError
 
 __all__ = [
@@ -27,17 +28,21 @@ __all__ = [
     "WriteOptions",
     "check_known",
     "parse_address",
+    "parse_urls",
     "sink_id_for",
     "read_options",
     "write_options",
 ]
 
-#: Where a bridge listens unless told otherwise, and where the data source looks.
-DEFAULT_ADDRESS = "127.0.0.1:55700"
+#: Where the data source connects without an ``address`` option: a node's default
+#: listener on this machine.
+DEFAULT_ADDRESS = "tcp://127.0.0.1:55555"
 #: An environment variable that overrides :data:`DEFAULT_ADDRESS` for the data source.
 ADDRESS_ENV = "MESHBUS_SPARK_ADDRESS"
 
 STARTING_OFFSETS = ("earliest", "latest", "committed")
+#: Most partitions a stream can be split into.
+MAX_PARTITIONS = 256
 DELIVERY_MODES = ("direct", "persistent", "non-persistent")
 
 # Documented spelling by lower-case name.
@@ -48,9 +53,18 @@ _READ = (
     "maxOffsetsPerTrigger",
     "includeHeaders",
     "consumer",
+    "partitions",
 )
 _WRITE = ("topic", "deliveryMode", "sinkId")
-_COMMON = ("address",)
+_COMMON = (
+    "address",
+    "vpn",
+    "username",
+    "password",
+    "tlsCa",
+    "tlsCertificate",
+    "tlsPrivateKey",
+)
 # Set by Spark itself for some sinks and sources; accepted and ignored.
 _SPARK_OWN = ("checkpointLocation", "path")
 _SPELLING = {name.lower(): name for name in (*_READ, *_WRITE, *_COMMON, *_SPARK_OWN)}
@@ -74,12 +88,37 @@ def check_known(options: Mapping[str, str]) -> None:
 
 
 def parse_address(text: str, option: str = "address") -> tuple[str, int]:
-    """``host:port`` as a pair; IPv6 hosts go in brackets (``[::1]:55700``)."""
+    """``host:port`` as a pair; IPv6 hosts go in brackets (``[::1]:55555``)."""
     host, sep, port = text.strip().rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not (port.isascii() and port.isdecimal()) or int(port) > 65535:
         raise SparkOptionError(option, f"expected host:port, got {text!r}")
     return host, int(port)
+
+
+def parse_urls(text: str, option: str = "address") -> tuple[str, ...]:
+    """Node URLs in connect order, separated by commas: ``tcp://host:port``,
+    ``tls://host:port``, or a bare ``host:port`` (TCP)."""
+    urls = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        scheme, sep, rest = item.partition("://")
+        if not sep:
+            scheme, rest = "tcp", item
+        if scheme not in ("tcp", "tls"):
+            raise SparkOptionError(option, f"{item!r}: a node URL starts with tcp:// or tls://")
+        host, port = parse_address(rest, option)
+        if host in ("0.0.0.0", "::"):
+            raise SparkOptionError(
+                option,
+                f"{item!r} is a wildcard bind address, not one a machine can connect to: "
+                "give the node's host name or IP address",
+            )
+        urls.append(f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}")
+    if not urls:
+        raise SparkOptionError(option, "expected one or more node URLs separated by commas")
+    return tuple(urls)
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -139,13 +178,30 @@ def _topic(name: str, value: str) -> str:
     return value
 
 
-def _address(name: str, value: str) -> str:
-    parse_address(value, "address")
-    return value.strip()
+def _address(name: str, value: str) -> tuple[str, ...]:
+    return parse_urls(value, "address")
+
+
+def _partitions(name: str, value: str) -> int:
+    number = _positive_int(name, value)
+    if number > MAX_PARTITIONS:
+        raise _fail(name, f"at most {MAX_PARTITIONS} partitions, got {value!r}")
+    return number
+
+
+def _path(name: str, value: str) -> str:
+    return _text(name, value)
 
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "address": _address,
+    "vpn": _text,
+    "username": _text,
+    "password": lambda name, value: value,
+    "tlsca": _path,
+    "tlscertificate": _path,
+    "tlsprivatekey": _path,
+    "partitions": _partitions,
     "subscribe": _filters,
     "queue": _text,
     "startingoffsets": _choice(STARTING_OFFSETS),
@@ -172,36 +228,58 @@ def _parsed(options: Mapping[str, str], allowed: tuple[str, ...], mode: str) -> 
     return values
 
 
-def default_address() -> str:
-    """The address a data source without an ``address`` option connects to."""
-    return os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+def default_address() -> tuple[str, ...]:
+    """The URLs a data source without an ``address`` option connects to."""
+    return parse_urls(os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS, ADDRESS_ENV)
+
+
+def _target(values: dict[str, Any]) -> NodeTarget:
+    if ("tlscertificate" in values) != ("tlsprivatekey" in values):
+        raise SparkOptionError(
+            "tlsCertificate", "a client certificate needs both 'tlsCertificate' and 'tlsPrivateKey'"
+        )
+    return NodeTarget(
+        urls=values.get("address") or default_address(),
+        vpn=values.get("vpn", "default"),
+        username=values.get("username", "default"),
+        password=values.get("password"),
+        tls_ca=values.get("tlsca"),
+        tls_certificate=values.get("tlscertificate"),
+        tls_private_key=values.get("tlsprivatekey"),
+    )
 
 
 @attrs.frozen
 class ReadOptions:
     """What ``read``/``readStream`` were asked for."""
 
-    address: str
+    node: NodeTarget
     subscribe: tuple[str, ...] | None
     queue: str | None
     starting_offsets: str
     max_offsets_per_trigger: int | None
     include_headers: bool
     consumer: str
+    partitions: int = 1
 
     @property
     def stream(self) -> dict[str, Any]:
         """The stream spec sent to the bridge."""
-        if self.queue is not None:
-            return {"queue": self.queue}
-        return {"subscribe": list(self.subscribe or ())}
+        spec: dict[str, Any] = (
+            {"queue": self.queue}
+            if self.queue is not None
+            else {"subscribe": list(self.subscribe or ())}
+        )
+        if self.partitions != 1:
+            spec["partitions"] = self.partitions
+        return spec
 
 
 @attrs.frozen
 class WriteOptions:
     """What ``write``/``writeStream`` were asked for."""
 
-    address: str
+    node: NodeTarget
     topic: str | None
     delivery_mode: str
     sink_id: str | None
@@ -214,13 +292,14 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
     if "subscribe" not in values and "queue" not in values:
         raise SparkOptionError("subscribe", "a read needs 'subscribe' (topic filters) or 'queue'")
     return ReadOptions(
-        address=values.get("address") or default_address(),
+        node=_target(values),
         subscribe=values.get("subscribe"),
         queue=values.get("queue"),
         starting_offsets=values.get("startingoffsets", "earliest"),
         max_offsets_per_trigger=values.get("maxoffsetspertrigger"),
         include_headers=values.get("includeheaders", False),
         consumer=values.get("consumer", "default"),
+        partitions=values.get("partitions", 1),
     )
 
 
@@ -229,7 +308,7 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
     values = _parsed(options, _WRITE, "write")
     lowered = _lower(options)
     return WriteOptions(
-        address=values.get("address") or default_address(),
+        node=_target(values),
         topic=values.get("topic"),
         delivery_mode=values.get("deliverymode", "direct"),
         sink_id=values.get("sinkid"),

@@ -1,7 +1,8 @@
 """Shortcuts on :class:`SparkBridge` for the pipelines people build most.
 
 Each one is plain PySpark underneath (``format("meshbus")`` with the bridge's
-address filled in), so anything they do not cover is a ``.option(...)`` away.
+address and credentials filled in), so anything they do not cover is a
+``.option(...)`` away.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Pipelines:
     """Mixed into :class:`SparkBridge`; every method needs the node running."""
 
     # Provided by SparkBridge, the only class this is mixed into.
-    address: str
+    connect_options: dict[str, str]
     attach: Callable[[SparkSession], None]
 
     def read_stream(
@@ -50,7 +51,7 @@ class Pipelines:
         ``maxOffsetsPerTrigger=10000``, ``consumer="reports"``).
         """
         self.attach(spark)
-        reader = spark.readStream.format("meshbus").option("address", self.address)
+        reader = spark.readStream.format("meshbus").options(**self.connect_options)
         return reader.options(**_source_options(subscribe, queue, options)).load()
 
     def read(
@@ -63,7 +64,7 @@ class Pipelines:
     ) -> DataFrame:
         """``spark.read.format("meshbus")``: what the stream holds now, as a DataFrame."""
         self.attach(spark)
-        reader = spark.read.format("meshbus").option("address", self.address)
+        reader = spark.read.format("meshbus").options(**self.connect_options)
         return reader.options(**_source_options(subscribe, queue, options)).load()
 
     def write_stream(
@@ -73,7 +74,7 @@ class Pipelines:
         self.attach(df.sparkSession)
         writer = (
             df.writeStream.format("meshbus")
-            .option("address", self.address)
+            .options(**self.connect_options)
             .option("checkpointLocation", checkpoint)
         )
         return writer.options(
@@ -85,7 +86,7 @@ class Pipelines:
     def write(self, df: DataFrame, *, topic: str | None = None, **options: Any) -> None:
         """``df.write.format("meshbus")`` to this bridge: publishes once Spark commits."""
         self.attach(df.sparkSession)
-        writer = df.write.format("meshbus").mode("append").option("address", self.address)
+        writer = df.write.format("meshbus").mode("append").options(**self.connect_options)
         if topic is not None:
             writer = writer.option("topic", topic)
         writer.options(**_source_options(None, None, options)).save()

@@ -1,12 +1,15 @@
 """``format("meshbus")``: the PySpark Python data source (reads and writes, Arrow paths).
 
-None of this runs in the app's process: Spark creates these objects in worker
-processes it spawns, and pickles readers and writers to its executors. Each talks
-to the bridge through a :class:`BridgeClient` opened on first use.
+None of this runs in the app's process: Spark creates these objects in processes
+it spawns, and pickles readers and writers to its executors, wherever they run. Each
+calls the node's ``spark`` service through a :class:`NodeClient`, over the transport
+with the credentials and TLS files the options name: the planner asks where streams
+end, the executors read and stage rows themselves, so no row passes through the
+driver.
 
-Offsets are ``{"meshbusStream": id, "consumer": name, "next": n}``: Spark stores
-them in its checkpoint, so a restarted query resumes after the last batch it
-committed.
+Offsets are ``{"meshbusStream": id, "consumer": name, "next": {"0": n0, "1": n1}}``
+(the next offset of each partition): Spark stores them in its checkpoint, so a
+restarted query resumes after the last batch it committed.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ._client import NodeClient
 from ._columns import spark_schema
 from ._errors import SparkOptionError
+from ._listener import partition_offsets
 from ._options import (
     ReadOptions,
     WriteOptions,
@@ -46,12 +51,13 @@ from ._options import (
     write_options,
 )
 from ._rows import check_write_schema
-from ._wire import BridgeClient
 
 __all__ = ["MeshbusDataSource"]
 
-#: Rows per read task: a batch larger than this is read by several tasks at once.
+#: Rows per read task: a partition's batch larger than this is read by several tasks.
 ROWS_PER_TASK = 100_000
+#: Arrow bytes per staged part of a write (a task's rows go in parts of about this).
+STAGE_BYTES = 8 << 20
 
 
 class MeshbusDataSource(DataSource):
@@ -97,41 +103,71 @@ def _checked_write(options: Any, schema: StructType) -> WriteOptions:
 
 @dataclass
 class OffsetRange(InputPartition):
-    """Rows ``[start, end)`` of one stream, read by one task."""
+    """Rows ``[start, end)`` of one partition of a stream, read by one task."""
 
     stream: dict[str, Any]
+    partition: int
     start: int
     end: int
 
 
-def _ranges(stream: dict[str, Any], start: int, end: int) -> list[InputPartition]:
-    return [
-        OffsetRange(stream, lo, min(lo + ROWS_PER_TASK, end))
-        for lo in range(start, end, ROWS_PER_TASK)
-    ]
+def _ranges(
+    stream: dict[str, Any], start: dict[str, int], end: dict[str, int]
+) -> list[InputPartition]:
+    ranges: list[InputPartition] = []
+    for key in sorted(end, key=int):
+        first, last = start.get(key, 0), end[key]
+        ranges += [
+            OffsetRange(stream, int(key), lo, min(lo + ROWS_PER_TASK, last))
+            for lo in range(first, last, ROWS_PER_TASK)
+        ]
+    return ranges
 
 
 def _fetch(options: ReadOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
-    client = BridgeClient(options.address)
-    try:
-        _, body = client.request(
+    """The rows of ``part``, asked for in answers of a few megabytes each."""
+    client = NodeClient(options.node, "reader")
+    start = part.start
+    while start < part.end:
+        h, body = client.request(
             "fetch",
             stream=part.stream,
-            start=part.start,
+            partition=part.partition,
+            start=start,
             end=part.end,
             headers=options.include_headers,
         )
-    finally:
-        client.close()
-    yield from pa.ipc.open_stream(body)
+        yield from pa.ipc.open_stream(body)
+        until = int(h["until"])
+        if until <= start:
+            return
+        start = until
+
+
+def _limited(position: dict[str, int], end: dict[str, int], rows: int) -> dict[str, int]:
+    """``end`` cut so that at most ``rows`` rows follow ``position`` in all, shared among
+    the partitions in proportion to what each has (as Kafka's source does)."""
+    available = {k: max(0, end[k] - position.get(k, 0)) for k in end}
+    total = sum(available.values())
+    if total <= rows:
+        return end
+    cut = {k: position.get(k, 0) + available[k] * rows // total for k in end}
+    spare = rows - sum(cut[k] - position.get(k, 0) for k in end)
+    for k in sorted(end, key=lambda k: available[k], reverse=True):  # the rounding's rest
+        if spare <= 0:
+            break
+        if cut[k] < end[k]:
+            cut[k] += 1
+            spare -= 1
+    return cut
 
 
 class _Reading:
     options: ReadOptions
 
     @functools.cached_property
-    def client(self) -> BridgeClient:
-        return BridgeClient(self.options.address)
+    def client(self) -> NodeClient:
+        return NodeClient(self.options.node, "planner")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options}
@@ -163,7 +199,7 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._available_now = False
-        self._target: int | None = None
+        self._target: dict[str, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -172,8 +208,8 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
             "_target": self._target,
         }
 
-    def _offset(self, stream: str, next_offset: int) -> dict[str, Any]:
-        return {"meshbusStream": stream, "consumer": self.options.consumer, "next": next_offset}
+    def _offset(self, stream: str, next_offsets: dict[str, int]) -> dict[str, Any]:
+        return {"meshbusStream": stream, "consumer": self.options.consumer, "next": next_offsets}
 
     def initialOffset(self) -> dict[str, Any]:
         h, _ = self.client.request(
@@ -190,26 +226,28 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
 
     def prepareForTriggerAvailableNow(self) -> None:
         # The target is taken at the first latestOffset(), which knows where the
-        # checkpoint resumes: a log renumbered after an app restart must first learn
+        # checkpoint resumes: a log renumbered after a restart must first learn
         # that position (see StreamLog.adopt), and asking for the end now would not.
         self._available_now = True
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        position = int(start["next"])
+        position = partition_offsets(start)
         h, _ = self.client.request(
             "latest", stream=self.options.stream, position=position, consumer=self.options.consumer
         )
-        end = h["next"]
+        end: dict[str, int] = {k: int(v) for k, v in h["next"].items()}
         if self._available_now:
             if self._target is None:
-                self._target = end
-            end = min(end, max(self._target, position))
+                self._target = dict(end)
+            end = {
+                k: min(v, max(self._target.get(k, v), position.get(k, 0))) for k, v in end.items()
+            }
         if isinstance(limit, ReadMaxRows):
-            end = min(end, position + limit.max_rows)
-        return self._offset(h["stream"], max(end, position))
+            end = _limited(position, end, limit.max_rows)
+        return self._offset(h["stream"], {k: max(v, position.get(k, 0)) for k, v in end.items()})
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return _ranges(self.options.stream, int(start["next"]), int(end["next"]))
+        return _ranges(self.options.stream, partition_offsets(start), partition_offsets(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # Spark reads one placeholder partition when there are none (nothing retained).
@@ -219,9 +257,9 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
         # The commit listener in the app acknowledges earlier; this is the backstop.
         self.client.request(
             "commit",
-            stream=end["meshbusStream"],
+            stream=self.options.stream,
             consumer=self.options.consumer,
-            next=int(end["next"]),
+            next=partition_offsets(end),
         )
 
     def stop(self) -> None:
@@ -233,56 +271,63 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
 
 @dataclass
 class Staged(WriterCommitMessage):
-    """What one task staged on the bridge (``token`` is ``None`` for no rows)."""
+    """What one task staged on the node: the tokens of its parts (none for no rows)."""
 
-    token: str | None
+    tokens: list[str]
     rows: int
+
+
+def _tokens(messages: list[WriterCommitMessage | None]) -> list[str]:
+    return [t for m in messages if isinstance(m, Staged) for t in m.tokens]
+
+
+def _stage(client: NodeClient, batches: list[pa.RecordBatch]) -> str:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batches[0].schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    h, _ = client.request("stage", sink.getvalue().to_pybytes())
+    return str(h["token"])
 
 
 class _Writing:
     options: WriteOptions
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        batches = list(iterator)
-        rows = sum(b.num_rows for b in batches)
-        if not rows:
-            return Staged(None, 0)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batches[0].schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-        client = BridgeClient(self.options.address)
-        try:
-            h, _ = client.request("stage", sink.getvalue())
-        finally:
-            client.close()
-        return Staged(h["token"], rows)
+        client = NodeClient(self.options.node, "writer")
+        tokens: list[str] = []
+        rows = 0
+        part: list[pa.RecordBatch] = []
+        size = 0
+        for batch in iterator:
+            if not batch.num_rows:
+                continue
+            part.append(batch)
+            size += batch.nbytes
+            rows += batch.num_rows
+            if size >= STAGE_BYTES:
+                tokens.append(_stage(client, part))
+                part, size = [], 0
+        if part:
+            tokens.append(_stage(client, part))
+        return Staged(tokens, rows)
 
     def _publish(
         self, messages: list[WriterCommitMessage | None], batch: int | None, sink: str | None
     ) -> None:
-        tokens = [m.token for m in messages if isinstance(m, Staged) and m.token]
-        client = BridgeClient(self.options.address)
-        try:
-            client.request(
-                "publish",
-                sink=sink,
-                batch=batch,
-                tokens=tokens,
-                topic=self.options.topic,
-                mode=self.options.delivery_mode,
-            )
-        finally:
-            client.close()
+        NodeClient(self.options.node, "writer").request(
+            "publish",
+            sink=sink,
+            batch=batch,
+            tokens=_tokens(messages),
+            topic=self.options.topic,
+            mode=self.options.delivery_mode,
+        )
 
     def _discard(self, messages: list[WriterCommitMessage | None]) -> None:
-        tokens = [m.token for m in messages if isinstance(m, Staged) and m.token]
+        tokens = _tokens(messages)
         if tokens:
-            client = BridgeClient(self.options.address)
-            try:
-                client.request("discard", tokens=tokens)
-            finally:
-                client.close()
+            NodeClient(self.options.node, "writer").request("discard", tokens=tokens)
 
 
 class MeshbusWriter(_Writing, DataSourceArrowWriter):

@@ -46,7 +46,7 @@ async def running_bridge(
     """A node with a Spark bridge on a free loopback port."""
     from meshbus.contrib.spark import SparkBridge
 
-    bridge = SparkBridge(address="127.0.0.1:0", **settings)
+    bridge = SparkBridge(listen="127.0.0.1:0", **settings)
     async with Node(plugins=[*DEFAULT_PLUGINS, bridge], data_dir=tmp_path) as node:
         yield node, bridge
 

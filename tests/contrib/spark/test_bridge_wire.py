@@ -1,6 +1,6 @@
-"""The bridge on a running node, driven over TCP as Spark's workers would (no Spark, no Java).
+"""The bridge on a running node, called over TCP as Spark's processes do (no Spark, no Java).
 
-BridgeClient is blocking and the bridge hands some requests to the event loop, so every
+NodeClient is blocking and the bridge hands some requests to the event loop, so every
 request runs in a worker thread (``anyio.to_thread``), never in the loop itself.
 """
 
@@ -27,26 +27,43 @@ from meshbus.contrib.spark import (
     SparkOptionError,
     arrow_schema,
 )
-from meshbus.contrib.spark._wire import BridgeClient
+from meshbus.contrib.spark._client import NodeClient, NodeTarget
+from meshbus.contrib.spark._options import parse_urls
 
 EVENTS = {"subscribe": ["events/>"]}
 ORDERS = {"queue": "orders"}
 HEADERS = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 
 
+_OFFSET_FIELDS = ("next", "start", "end", "earliest", "position")
+
+
+def _one_partition(header: dict[str, Any]) -> dict[str, Any]:
+    """Offsets of a one-partition stream as plain numbers: ``{"0": 3}`` is ``3``."""
+    return {
+        k: v["0"] if k in _OFFSET_FIELDS and isinstance(v, dict) and list(v) == ["0"] else v
+        for k, v in header.items()
+    }
+
+
 class Worker:
-    """A Spark worker's client; each request runs in a thread."""
+    """A Spark process's client; each request runs in a thread. The tests here read
+    streams of one partition, so offsets go and come as plain numbers."""
 
     def __init__(self, address: str) -> None:
-        self.client = BridgeClient(address, timeout=10)
+        self.client = NodeClient(NodeTarget(parse_urls(address)), f"test-{id(self)}")
 
     async def __call__(self, op: str, body: bytes = b"", **fields: Any) -> dict[str, Any]:
         header, _ = await self.raw(op, body, **fields)
         return header
 
     async def raw(self, op: str, body: bytes = b"", **fields: Any) -> tuple[dict[str, Any], bytes]:
+        for name in ("next", "position"):
+            if isinstance(fields.get(name), int):
+                fields[name] = {"0": fields[name]}
         call = functools.partial(self.client.request, op, body, **fields)
-        return await anyio.to_thread.run_sync(call)
+        header, answer = await anyio.to_thread.run_sync(call)
+        return _one_partition(header), answer
 
     async def fetch(self, stream: dict[str, Any], start: int, end: int, **kw: Any) -> pa.Table:
         header, body = await self.raw("fetch", stream=stream, start=start, end=end, **kw)
@@ -71,13 +88,13 @@ class Worker:
 async def running(
     bridge: SparkBridge | None = None, **node_options: Any
 ) -> AsyncIterator[tuple[Node, SparkBridge, Worker]]:
-    bridge = bridge or SparkBridge(subscribe=["events/>"], address="127.0.0.1:0")
+    bridge = bridge or SparkBridge(subscribe=["events/>"], listen="127.0.0.1:0")
     async with Node(plugins=[*DEFAULT_PLUGINS, bridge], **node_options) as node:
         worker = Worker(bridge.address)
         try:
             yield node, bridge, worker
         finally:
-            worker.client.close()
+            await anyio.to_thread.run_sync(worker.client.close)
 
 
 async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -96,7 +113,7 @@ def rows(table: pa.Table, *columns: str) -> list[tuple[Any, ...]]:
 
 
 def queue_stats(bridge: SparkBridge) -> dict[str, Any]:
-    stats: dict[str, Any] = bridge.statistics()["streams"].get("queue:orders", {})
+    stats: dict[str, Any] = bridge.statistics()["streams"].get("queue:orders", [{}])[0]
     return stats
 
 
@@ -166,13 +183,13 @@ async def test_commit_releases_data_and_moves_earliest() -> None:
             assert (await worker("latest", stream=EVENTS))["next"] == 2  # sealed [0,2)
             producer.publish("events/3", b"3")
             assert (await worker("latest", stream=EVENTS))["next"] == 3  # sealed [2,3)
-        await worker("commit", stream="events/>", consumer="a", next=2)
+        await worker("commit", stream=EVENTS, consumer="a", next=2)
         assert (await worker("latest", stream=EVENTS))["earliest"] == 2
-        assert bridge.statistics()["streams"]["events/>"]["consumers"] == {"a": 2}
+        assert bridge.statistics()["streams"]["events/>"][0]["consumers"] == {"a": 2}
         with pytest.raises(OffsetsUnavailableError, match="earliest retained is 2"):
             await worker.fetch(EVENTS, 0, 3)
         assert (await worker.fetch(EVENTS, 2, 3)).column("value").to_pylist() == [b"3"]
-        await worker("commit", stream="events/>", consumer="a", next=3)
+        await worker("commit", stream=EVENTS, consumer="a", next=3)
         assert (await worker("bounds", stream=EVENTS))["start"] == 3
 
 
@@ -220,10 +237,10 @@ async def test_queue_messages_stay_unacknowledged_until_committed() -> None:
         assert queue.usage()[0] == 3
         assert queue_stats(bridge)["unacknowledged"] == 3
 
-        await worker("commit", stream="queue:orders", consumer="a", next=2)
+        await worker("commit", stream=ORDERS, consumer="a", next=2)
         await until(lambda: queue.usage()[0] == 1)
         assert queue_stats(bridge)["unacknowledged"] == 1
-        await worker("commit", stream="queue:orders", consumer="a", next=3)
+        await worker("commit", stream=ORDERS, consumer="a", next=3)
         await until(lambda: queue.usage()[0] == 0)
         assert queue_stats(bridge)["unacknowledged"] == 0
 
@@ -236,10 +253,10 @@ async def test_a_queue_message_is_acknowledged_only_when_every_consumer_committe
         async with node.connect() as producer:
             await producer.send("orders/1", b"1")
         await until(lambda: bridge.stream(queue="orders").next_offset == 1)
-        await worker("commit", stream="queue:orders", consumer="a", next=1)
+        await worker("commit", stream=ORDERS, consumer="a", next=1)
         await anyio.sleep(0.1)
         assert queue.usage()[0] == 1
-        await worker("commit", stream="queue:orders", consumer="b", next=1)
+        await worker("commit", stream=ORDERS, consumer="b", next=1)
         await until(lambda: queue.usage()[0] == 0)
 
 
@@ -253,7 +270,7 @@ async def test_a_new_queue_stream_answers_with_what_the_queue_holds() -> None:
 
 
 async def test_the_queue_window_bounds_what_is_held_for_spark() -> None:
-    bridge = SparkBridge(address="127.0.0.1:0", queue_window=2)
+    bridge = SparkBridge(listen="127.0.0.1:0", queue_window=2)
     async with running(bridge) as (node, _, worker):
         queue = node.guaranteed.create_queue("orders", subscriptions=["orders/>"])
         async with node.connect() as producer:
@@ -261,14 +278,14 @@ async def test_the_queue_window_bounds_what_is_held_for_spark() -> None:
                 await producer.send(f"orders/{i}", str(i).encode())
         assert (await worker("latest", stream=ORDERS))["next"] == 2
         assert queue_stats(bridge)["unacknowledged"] == 2
-        await worker("commit", stream="queue:orders", consumer="a", next=2)
+        await worker("commit", stream=ORDERS, consumer="a", next=2)
         await until(lambda: bridge.stream(queue="orders").next_offset == 3)
         assert queue.usage()[0] == 1
         assert (await worker.fetch(ORDERS, 2, 3)).column("value").to_pylist() == [b"2"]
 
 
 async def test_a_declared_queue_is_captured_once_created() -> None:
-    bridge = SparkBridge(queues=["orders"], address="127.0.0.1:0")
+    bridge = SparkBridge(queues=["orders"], listen="127.0.0.1:0")
     async with running(bridge) as (node, _, _):
         await anyio.sleep(0.1)
         assert bridge.statistics()["streams"] == {}
@@ -283,7 +300,7 @@ async def test_a_declared_queue_is_captured_as_it_is_created_with_no_time_passin
     # The guaranteed plugin announces each endpoint it creates (meshbus_endpoint_interest):
     # the bridge binds then, instead of looking again after a while.
     clock = ManualClock()
-    bridge = SparkBridge(queues=["orders"], address="127.0.0.1:0")
+    bridge = SparkBridge(queues=["orders"], listen="127.0.0.1:0")
     async with running(bridge, clock=clock) as (node, _, _):
         await clock.settle()
         node.guaranteed.create_queue("other", subscriptions=["other/>"])
@@ -297,7 +314,7 @@ async def test_a_declared_queue_is_captured_as_it_is_created_with_no_time_passin
 
 
 async def test_a_declared_queue_never_created_does_not_hold_the_node_up() -> None:
-    bridge = SparkBridge(queues=["never"], address="127.0.0.1:0")
+    bridge = SparkBridge(queues=["never"], listen="127.0.0.1:0")
     with anyio.fail_after(5):
         async with running(bridge) as (node, _, _):
             await anyio.wait_all_tasks_blocked()
@@ -432,10 +449,10 @@ async def test_guaranteed_modes_land_in_a_queue(mode: str) -> None:
 
 async def test_sink_state_survives_a_node_restart(tmp_path: Path) -> None:
     table = pa.table({"topic": ["out/1"], "value": [b"1"]})
-    async with running(SparkBridge(address="127.0.0.1:0"), data_dir=tmp_path) as (_, _, worker):
+    async with running(SparkBridge(listen="127.0.0.1:0"), data_dir=tmp_path) as (_, _, worker):
         assert (await worker.write(table, sink="s", batch=4))["status"] == "published"
     assert json.loads((tmp_path / "spark-sinks.json").read_text()) == {"s": 4}
-    bridge = SparkBridge(address="127.0.0.1:0")
+    bridge = SparkBridge(listen="127.0.0.1:0")
     async with running(bridge, data_dir=tmp_path) as (node, _, worker):
         assert bridge.statistics()["sinks"] == {"s": 4}
         async with node.connect() as consumer:
@@ -447,7 +464,7 @@ async def test_sink_state_survives_a_node_restart(tmp_path: Path) -> None:
 
 
 async def test_a_bridge_reused_for_a_second_node_run_captures_again() -> None:
-    bridge = SparkBridge(subscribe=["events/>"], address="127.0.0.1:0")
+    bridge = SparkBridge(subscribe=["events/>"], listen="127.0.0.1:0")
     for run in (1, 2):
         async with running(bridge) as (node, _, worker):
             async with node.connect() as producer:
@@ -480,35 +497,46 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_a_client_to_a_closed_port_is_unavailable() -> None:
-    client = BridgeClient(f"127.0.0.1:{free_port()}", timeout=2)
-    with pytest.raises(BridgeUnavailableError, match="no meshbus Spark bridge answers"):
+def test_a_client_to_a_closed_port_is_unavailable_and_names_the_address() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    client = NodeClient(NodeTarget(parse_urls(address)), "test")
+    with pytest.raises(
+        BridgeUnavailableError, match=f"cannot reach the meshbus node at tcp://{address}"
+    ):
         client.request("stats")
     assert isinstance(BridgeUnavailableError("x"), BridgeError)
 
 
-async def test_a_client_of_a_stopped_bridge_is_unavailable() -> None:
-    async with running() as (_, bridge, worker):
+async def test_a_client_of_a_stopped_node_is_unavailable() -> None:
+    async with running() as (_, bridge, _):
         connected = Worker(bridge.address)
         await connected("stats")
-        address = worker.client.address
+        address = bridge.address
     try:
-        with pytest.raises(BridgeUnavailableError, match="went away during 'stats'"):
+        with pytest.raises(BridgeUnavailableError):
             await connected("stats")
-        assert connected.client._sock is None  # closed, so the next request reconnects
-        with pytest.raises(BridgeUnavailableError, match="no meshbus Spark bridge answers"):
+        with pytest.raises(BridgeUnavailableError, match="cannot reach the meshbus node"):
             await Worker(address)("stats")
     finally:
-        connected.client.close()
+        await anyio.to_thread.run_sync(connected.client.close)
+
+
+async def test_a_node_without_a_bridge_says_so() -> None:
+    from meshbus.transports import ListenerSettings, start_server
+
+    async with Node() as node:
+        server = await start_server(node, ListenerSettings(port=0))
+        with pytest.raises(BridgeUnavailableError, match="serves no Spark connector"):
+            await Worker(server.url)("stats")
 
 
 def test_the_address_is_unknown_before_the_node_runs() -> None:
     with pytest.raises(StateError):
-        _ = SparkBridge(address="127.0.0.1:0").address
+        _ = SparkBridge(listen="127.0.0.1:0").address
 
 
 async def test_the_address_is_unknown_after_the_node_stops() -> None:
     async with running() as (_, bridge, _):
-        assert bridge.address.startswith("127.0.0.1:")
+        assert bridge.address.startswith("tcp://127.0.0.1:")
     with pytest.raises(StateError):
         _ = bridge.address

@@ -287,10 +287,10 @@ def test_a_read_waits_for_a_seal_in_progress(monkeypatch: pytest.MonkeyPatch) ->
     building = threading.Event()
     release = threading.Event()
 
-    def slow_batch(flat: list[Any], first: int) -> pa.RecordBatch:
+    def slow_batch(flat: list[Any], first: int, partition: int = 0) -> pa.RecordBatch:
         building.set()
         release.wait(5)
-        return captured_to_batch(flat, first)
+        return captured_to_batch(flat, first, partition)
 
     log = StreamLog("s")
     fill(log, 0, 3)

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from meshbus.contrib.spark import ADDRESS_ENV, DEFAULT_ADDRESS, SparkOptionError
+from meshbus.contrib.spark._client import NodeTarget
 from meshbus.contrib.spark._options import (
     check_known,
     parse_address,
@@ -30,7 +31,14 @@ def test_every_read_option_parses() -> None:
             "maxOffsetsPerTrigger": " 250 ",
             "includeHeaders": "TRUE",
             "consumer": " reports ",
-            "address": "10.1.2.3:4567",
+            "address": "10.1.2.3:4567, tls://gw.example:55443",
+            "vpn": "plant",
+            "username": "spark",
+            "password": " secret ",
+            "tlsCa": "/etc/ca.pem",
+            "tlsCertificate": "/etc/me.pem",
+            "tlsPrivateKey": "/etc/me.key",
+            "partitions": "4",
             "checkpointLocation": "/tmp/ck",
             "path": "ignored",
         }
@@ -41,8 +49,18 @@ def test_every_read_option_parses() -> None:
     assert parsed.max_offsets_per_trigger == 250
     assert parsed.include_headers is True
     assert parsed.consumer == "reports"
-    assert parsed.address == "10.1.2.3:4567"
-    assert parsed.stream == {"subscribe": ["a/>", "b/*/c"]}
+    assert parsed.node == NodeTarget(
+        urls=("tcp://10.1.2.3:4567", "tls://gw.example:55443"),  # in connect order
+        vpn="plant",
+        username="spark",
+        password=" secret ",  # a password is taken as written
+        tls_ca="/etc/ca.pem",
+        tls_certificate="/etc/me.pem",
+        tls_private_key="/etc/me.key",
+    )
+    assert "secret" not in repr(parsed.node)
+    assert parsed.partitions == 4
+    assert parsed.stream == {"subscribe": ["a/>", "b/*/c"], "partitions": 4}
 
 
 def test_a_queue_read_parses_and_names_the_queue_stream() -> None:
@@ -69,7 +87,7 @@ def test_every_write_option_parses() -> None:
     assert parsed.topic == "out/x"
     assert parsed.delivery_mode == "persistent"
     assert parsed.sink_id == "s1"
-    assert parsed.address == "[::1]:9"
+    assert parsed.node.urls == ("tcp://[::1]:9",)
     assert parsed.checkpoint_location == "/tmp/ck"
 
 
@@ -101,23 +119,25 @@ def test_read_defaults() -> None:
     assert parsed.consumer == "default"
     assert parsed.max_offsets_per_trigger is None
     assert parsed.include_headers is False
-    assert parsed.address == DEFAULT_ADDRESS == "127.0.0.1:55700"
+    assert parsed.partitions == 1
+    assert parsed.node == NodeTarget(urls=(DEFAULT_ADDRESS,))
+    assert DEFAULT_ADDRESS == "tcp://127.0.0.1:55555"  # a node's default listener
 
 
 def test_write_defaults() -> None:
     parsed = write_options({})
     assert parsed.delivery_mode == "direct"
     assert (parsed.topic, parsed.sink_id, parsed.checkpoint_location) == (None, None, None)
-    assert parsed.address == DEFAULT_ADDRESS
+    assert parsed.node.urls == (DEFAULT_ADDRESS,)
 
 
 def test_address_comes_from_the_environment_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ADDRESS_ENV, "10.0.0.9:1234")
-    assert read_options({"queue": "q"}).address == "10.0.0.9:1234"
-    assert write_options({}).address == "10.0.0.9:1234"
-    assert read_options({"queue": "q", "address": "h:1"}).address == "h:1"
+    assert read_options({"queue": "q"}).node.urls == ("tcp://10.0.0.9:1234",)
+    assert write_options({}).node.urls == ("tcp://10.0.0.9:1234",)
+    assert read_options({"queue": "q", "address": "h:1"}).node.urls == ("tcp://h:1",)
     monkeypatch.setenv(ADDRESS_ENV, "")
-    assert write_options({}).address == DEFAULT_ADDRESS
+    assert write_options({}).node.urls == (DEFAULT_ADDRESS,)
 
 
 def expect_option_error(option: str, call: object) -> SparkOptionError:
@@ -156,6 +176,13 @@ def expect_option_error(option: str, call: object) -> SparkOptionError:
         ({"subscribe": "a", "address": "h:port"}, "address", "host:port"),
         ({"subscribe": "a", "address": "h:65536"}, "address", "host:port"),
         ({"subscribe": "a", "address": ":55700"}, "address", "host:port"),
+        ({"subscribe": "a", "address": "http://h:1"}, "address", "tcp:// or tls://"),
+        ({"subscribe": "a", "address": "0.0.0.0:1"}, "address", "wildcard"),
+        ({"subscribe": "a", "address": " , "}, "address", "one or more"),
+        ({"subscribe": "a", "partitions": "0"}, "partitions", "positive"),
+        ({"subscribe": "a", "partitions": "257"}, "partitions", "at most 256"),
+        ({"subscribe": "a", "vpn": " "}, "vpn", "empty"),
+        ({"subscribe": "a", "tlsCertificate": "/c.pem"}, "tlsCertificate", "tlsPrivateKey"),
     ],
 )
 def test_bad_read_options_name_the_option(options: dict[str, str], option: str, why: str) -> None:
@@ -177,6 +204,7 @@ def test_bad_read_options_name_the_option(options: dict[str, str], option: str, 
         ({"includeHeaders": "true"}, "includeHeaders", "reads only"),
         ({"consumer": "c"}, "consumer", "reads only"),
         ({"address": "127.0.0.1"}, "address", "host:port"),
+        ({"partitions": "2"}, "partitions", "reads only"),
     ],
 )
 def test_bad_write_options_name_the_option(options: dict[str, str], option: str, why: str) -> None:
@@ -203,6 +231,13 @@ def test_check_known_accepts_every_documented_name_in_any_case() -> None:
         "deliveryMode",
         "sinkId",
         "address",
+        "vpn",
+        "username",
+        "password",
+        "tlsCa",
+        "tlsCertificate",
+        "tlsPrivateKey",
+        "partitions",
         "checkpointLocation",
         "path",
     ]

@@ -95,7 +95,7 @@ async def test_queue_keeps_messages_until_spark_commits_and_a_crash_loses_none(
         assert not flag.exists()
         # Spark never committed: the queue still holds all 20, delivered and unacknowledged.
         assert queue.usage()[0] == 20
-        assert bridge.statistics()["streams"]["queue:orders"]["unacknowledged"] == 20
+        assert bridge.statistics()["streams"]["queue:orders"][0]["unacknowledged"] == 20
 
         for i in range(20, 25):
             await app.send(f"orders/{i % 2}", f"order-{i}")
@@ -250,7 +250,7 @@ async def test_bad_options_fail_at_load_naming_the_option(
         bridge.attach(spark)
 
         def load() -> None:
-            spark.readStream.format("meshbus").option("address", bridge.address).options(
+            spark.readStream.format("meshbus").options(**bridge.connect_options).options(
                 **options
             ).load()
 
