@@ -30,6 +30,7 @@ from meshbus import hookimpl, parse_subscription, write_json_atomically
 from meshbus.errors import ConfigurationError, MeshbusError, StateError
 
 from ._client import SERVICE
+from ._durable import LogFiles, log_directory
 from ._errors import BridgeError
 from ._log import Sealer, StreamLog
 from ._options import parse_address, parse_urls
@@ -369,6 +370,7 @@ class SparkBridge(Pipelines):
                     max_bytes=self.max_bytes,
                     sealer=self._sealer,
                     clock=node.clock.time,
+                    files=self._files(node, spec, number),
                 )
                 for number in range(spec.partitions)
             ],
@@ -394,6 +396,13 @@ class SparkBridge(Pipelines):
         self._streams[spec.id] = stream
         log.info("spark bridge captures stream %r", spec.id)
         return stream
+
+    def _files(self, node: Node, spec: StreamSpec, partition: int) -> LogFiles | None:
+        """Where a partition's log is kept: on disk when the node has a data directory."""
+        if node.data_dir is None:
+            return None
+        directory = log_directory(node.data_dir, spec.id, partition)
+        return LogFiles(directory, spec.id, partition, keep_released=self.queue_window)
 
     async def _open_when_created(self, spec: StreamSpec) -> None:
         assert self._node is not None

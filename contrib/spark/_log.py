@@ -23,10 +23,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._columns import CREATE_TIME, FIELDS, LOG_APPEND_TIME, captured_to_batch
+from ._durable import ids_in
 from ._errors import OffsetsUnavailableError
 
 if TYPE_CHECKING:
     from meshbus import Message
+
+    from ._durable import LogFiles
 
 __all__ = ["Sealer", "StreamLog"]
 
@@ -42,6 +45,8 @@ class StreamLog:
     :param keep_handles: keep each message to acknowledge it later (queue streams).
     :param max_bytes: for streams without handles, the most Arrow bytes retained.
     :param clock: what stamps a message that arrives without a timestamp.
+    :param files: where the log is kept on disk (with a data directory): it starts from
+        what they hold, and every segment and commit goes there.
     """
 
     def __init__(
@@ -53,6 +58,7 @@ class StreamLog:
         max_bytes: int = 256 << 20,
         sealer: Sealer | None = None,
         clock: Callable[[], float] = time.time,
+        files: LogFiles | None = None,
     ):
         self.name = name
         self.partition = partition
@@ -76,6 +82,27 @@ class StreamLog:
         self.retained_bytes = 0
         self.captured = 0
         self.dropped = 0
+        self._files = files
+        #: Queue messages numbered before a restart, by spool id (see _durable.Restored).
+        self._numbered: dict[int, int] = {}
+        self._released: deque[int] = deque()
+        self._released_set: set[int] = set()
+        if files is not None:
+            self._restore(files)
+
+    def _restore(self, files: LogFiles) -> None:
+        restored = files.load()
+        self._segments = deque(restored.segments)
+        self.retained_bytes = sum(batch.nbytes for _, batch in restored.segments)
+        self._base = restored.base
+        self._release_floor = max(min(restored.consumers.values(), default=0), restored.base)
+        self._tail_start = restored.next_offset
+        self.consumers = restored.consumers
+        self._numbered = restored.numbered
+        self._released = restored.released
+        self._released_set = set(restored.released)
+        # Offsets handed out before the restart keep their meaning: never renumber.
+        self.served = restored.next_offset > 0
 
     def __repr__(self) -> str:
         where = f"{self.name!r}/{self.partition}"
@@ -102,6 +129,11 @@ class StreamLog:
             entry = (message.topic, message.payload, stamp, message.options, CREATE_TIME)
         if self.keep_handles:
             with self._lock:  # the handle's offset must agree with the tail's numbering
+                if self._numbered or self._released_set:
+                    known = self._known(message)
+                    if known is not None:  # delivered again after a restart: numbered
+                        self._handles.append((known, message))
+                        return
                 self._handles.append((self._tail_start + len(tail) // FIELDS, message))
                 tail.extend(entry)
         else:
@@ -112,6 +144,15 @@ class StreamLog:
                 self._sealer.request(self)  # off the publisher's path
             else:
                 self.seal()
+
+    def _known(self, message: Message) -> int | None:
+        """The offset a message delivered again after a restart had (-1: released, to be
+        acknowledged at once), or ``None`` for a message the log has not seen."""
+        spool_id = message.message_id
+        offset = self._numbered.pop(spool_id, None) if spool_id is not None else None
+        if offset is None and spool_id in self._released_set:
+            return -1
+        return offset
 
     # --- positions ----------------------------------------------------------------------
 
@@ -146,6 +187,11 @@ class StreamLog:
                 self._tail_start += rows
             if rows:
                 batch = captured_to_batch(tail, start, self.partition)
+                if self._files is not None:  # on disk before any reader learns its offsets
+                    with self._lock:
+                        handles = list(self._handles) if self.keep_handles else None
+                    ids = ids_in(handles, start, start + rows) if handles is not None else None
+                    self._files.write_segment(start, batch, ids)
                 with self._lock:
                     self._segments.append((start, batch))
                     self.retained_bytes += batch.nbytes
@@ -168,6 +214,8 @@ class StreamLog:
                     if not self._segments:
                         self._base = offset
                     self.served = True
+                    if self._files is not None:
+                        self._save()
 
     def adopt(self, offset: int) -> None:
         """Renumber a log nothing was read from yet so that it starts at ``offset``.
@@ -227,16 +275,41 @@ class StreamLog:
                 return
             self.consumers[consumer] = next_offset
             floor = min(self.consumers.values())
-            if floor <= self._release_floor:
-                return
-            self._release_floor = floor
-            while self._segments:
-                start, batch = self._segments[0]
-                if start + batch.num_rows > floor:
-                    break
-                self._segments.popleft()
-                self.retained_bytes -= batch.nbytes
-                self._base = start + batch.num_rows
+            dropped: list[int] = []
+            if floor > self._release_floor:
+                self._release_floor = floor
+                self._remember_released(floor)
+                while self._segments:
+                    start, batch = self._segments[0]
+                    if start + batch.num_rows > floor:
+                        break
+                    self._segments.popleft()
+                    dropped.append(start)
+                    self.retained_bytes -= batch.nbytes
+                    self._base = start + batch.num_rows
+            if self._files is not None:
+                self._save()
+        if self._files is not None:
+            for start in dropped:
+                self._files.drop(start)
+
+    def _remember_released(self, floor: int) -> None:
+        """Keep the spool ids of the messages released below ``floor`` (lock held)."""
+        if not self._files or not self.keep_handles:
+            return
+        for offset, message in self._handles:
+            if offset >= floor:
+                break
+            if message.message_id is not None and offset >= 0:
+                if len(self._released) == self._released.maxlen:
+                    self._released_set.discard(self._released[0])
+                self._released.append(message.message_id)
+                self._released_set.add(message.message_id)
+
+    def _save(self) -> None:
+        assert self._files is not None
+        next_offset = self._tail_start  # sealed or promised: offsets Spark may know
+        self._files.save_state(dict(self.consumers), self._base, next_offset, self._released)
 
     def forget(self, consumer: str) -> bool:
         """Stop retaining for ``consumer``; return whether it was registered."""
@@ -259,6 +332,8 @@ class StreamLog:
             self.retained_bytes -= batch.nbytes
             self.dropped += batch.num_rows
             self._base = start + batch.num_rows
+            if self._files is not None:
+                self._files.drop(start)
 
     # --- reading (control server threads) --------------------------------------------
 

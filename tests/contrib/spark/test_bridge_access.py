@@ -166,10 +166,15 @@ async def test_a_bridge_on_all_interfaces_needs_an_advertised_address() -> None:
 
 
 async def test_without_a_listener_of_its_own_the_bridge_gives_the_nodes() -> None:
+    from meshbus.transports import ListenerSettings, start_server
+
     bridge = SparkBridge(listen=None)
-    with pytest.raises(ConfigurationError, match="no listener"):
-        async with Node(plugins=[*DEFAULT_PLUGINS, bridge]):
-            pass
+    async with Node(plugins=[*DEFAULT_PLUGINS, bridge]) as node:
+        with pytest.raises(ConfigurationError, match="no listener"):
+            _ = bridge.address
+        server = await start_server(node, ListenerSettings(port=0))
+        assert bridge.address == server.url
+        assert (await call(NodeTarget((server.url,)), "stats"))["streams"] == {}
 
 
 # --- partitions ------------------------------------------------------------------------

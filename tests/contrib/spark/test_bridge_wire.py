@@ -540,3 +540,40 @@ async def test_the_address_is_unknown_after_the_node_stops() -> None:
         assert bridge.address.startswith("tcp://127.0.0.1:")
     with pytest.raises(StateError):
         _ = bridge.address
+
+
+# --- restarts --------------------------------------------------------------------------
+
+
+async def test_a_queue_stream_keeps_its_offsets_across_a_node_restart(tmp_path: Path) -> None:
+    async with running(SparkBridge(queues=["orders"], listen="127.0.0.1:0"), data_dir=tmp_path) as (
+        node,
+        bridge,
+        worker,
+    ):
+        queue = node.guaranteed.create_queue("orders", subscriptions=["orders/>"])
+        async with node.connect() as producer:
+            for i in range(4):
+                await producer.send(f"orders/{i}", f"before-{i}".encode())
+        await worker("open", stream=ORDERS, consumer="a")
+        await until(lambda: bridge.stream(queue="orders").next_offset == 4)
+        assert (await worker("latest", stream=ORDERS))["next"] == 4
+        await worker("commit", stream=ORDERS, consumer="a", next=2)
+        await until(lambda: queue.usage()[0] == 2)
+
+    # The same data directory: the spool still holds two messages, the log four.
+    async with running(SparkBridge(queues=["orders"], listen="127.0.0.1:0"), data_dir=tmp_path) as (
+        node,
+        bridge,
+        worker,
+    ):
+        queue = node.guaranteed.create_queue("orders", subscriptions=["orders/>"])
+        async with node.connect() as producer:
+            await producer.send("orders/new", b"after")
+        await until(lambda: bridge.stream(queue="orders").unacknowledged == 3)
+        latest = await worker("latest", stream=ORDERS, position=2, consumer="a")
+        assert (latest["earliest"], latest["next"]) == (0, 5)
+        table = await worker.fetch(ORDERS, 2, 5)
+        assert rows(table, "offset", "value") == [(2, b"before-2"), (3, b"before-3"), (4, b"after")]
+        await worker("commit", stream=ORDERS, consumer="a", next=5)
+        await until(lambda: queue.usage()[0] == 0)
