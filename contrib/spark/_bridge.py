@@ -198,7 +198,8 @@ class SparkBridge(Pipelines):
         node.provide_service(SERVICE, self._serve)
         try:
             self._urls = await self._serving_urls(node)
-            log.info("spark bridge serving on %s", ", ".join(self._urls))
+            where = ", ".join(self._urls) if self._urls else "the node's listeners"
+            log.info("spark bridge serving on %s", where)
             yield
         finally:
             node.withdraw_service(SERVICE)
@@ -247,30 +248,38 @@ class SparkBridge(Pipelines):
     async def _serve(self, session: Any, args: dict[str, Any], body: bytes) -> Any:
         return await serve(self, session, args, body)
 
-    async def _serving_urls(self, node: Node) -> tuple[str, ...]:
-        from meshbus.transports import servers_of, start_server
+    async def _serving_urls(self, node: Node) -> tuple[str, ...] | None:
+        """Where Spark's processes dial: the advertised URLs, else the bridge's own
+        listener; ``None`` when the bridge uses the node's listeners (looked up when
+        :attr:`address` is asked, as they may start after the bridge)."""
+        from meshbus.transports import start_server
 
         if self._listen is not None:
             server = await start_server(node, self._listen)
-            if self._advertise is not None:
-                return self._advertise
-            return _reachable(server.url, "listen")
-        if self._advertise is not None:
-            return self._advertise
-        servers = [s for s in servers_of(node) if not s.url.startswith("memory:")]
-        if not servers:
-            raise ConfigurationError(
-                "the Spark bridge has no listener to give Spark's executors: pass listen= "
-                "or start the node's listeners before the bridge, or pass advertise="
-            )
-        return _reachable(servers[0].url, "advertise")
+            return self._advertise or _reachable(server.url, "listen")
+        return self._advertise
 
     @property
     def address(self) -> str:
         """The node's URL(s) for Spark's processes (the data source's ``address``
-        option), once the node runs."""
-        if self._urls is None:
+        option), once the node runs.
+
+        :raises StateError: the node is not running.
+        :raises ConfigurationError: the bridge has no listener of its own, no
+            ``advertise``, and the node serves no listener either.
+        """
+        from meshbus.transports import servers_of
+
+        if self._node is None:
             raise StateError("the Spark bridge serves only while its node runs")
+        if self._urls is None:
+            servers = [s for s in servers_of(self._node) if not s.url.startswith("memory:")]
+            if not servers:
+                raise ConfigurationError(
+                    "the Spark bridge has no listener to give Spark's processes: pass "
+                    "listen= or advertise=, or start a listener on the node"
+                )
+            return _reachable(servers[0].url, "advertise")[0]
         return ",".join(self._urls)
 
     @property
