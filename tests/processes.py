@@ -62,16 +62,15 @@ class Child:
             line = self.stdout.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             raise AssertionError(
-                f"no output within {WAIT} s; so far: {self.stdout_lines}, "
-                f"stderr: {self.stderr_lines}"
+                f"no output in time; so far: {self.stdout_lines}, stderr: {self.stderr_lines}"
             ) from None
         if line is not None:
             self.stdout_lines.append(line)
         return line
 
-    def wait_for(self, prefix: str, count: int = 1) -> list[str]:
+    def wait_for(self, prefix: str, count: int = 1, timeout: float = WAIT) -> list[str]:
         """Read standard output until ``count`` lines starting with ``prefix`` came."""
-        deadline = time.monotonic() + WAIT
+        deadline = time.monotonic() + timeout
         found: list[str] = []
         while len(found) < count:
             line = self.next_line(deadline)

@@ -136,8 +136,10 @@ class SparkBridge(Pipelines):
         self._node: Node | None = None
         self._token: Any = None
         self._urls: tuple[str, ...] | None = None
-        #: Rows served to each client (by client name): who read what.
+        #: Rows served to and staged by each client (by client name): who read and
+        #: wrote what, which shows that rows went to executors and not the driver.
         self.served: dict[str, int] = {}
+        self.staged_by: dict[str, int] = {}
         self.limiter = anyio.CapacityLimiter(16)
         self._scopes: list[anyio.CancelScope] = []
         self._listeners: list[tuple[Any, Any]] = []
@@ -177,6 +179,7 @@ class SparkBridge(Pipelines):
         self._awaited.clear()
         self.in_flight.clear()
         self.served.clear()
+        self.staged_by.clear()
         # login(), not connect(): a password is checked off the event loop (SPEC 6).
         self._session = await node.login(
             self.vpn,
@@ -296,6 +299,11 @@ class SparkBridge(Pipelines):
         with self.lock:
             self.served[client_name] = self.served.get(client_name, 0) + rows
 
+    def count_staged(self, client_name: str, rows: int) -> None:
+        """Count ``rows`` staged by ``client_name`` (any thread)."""
+        with self.lock:
+            self.staged_by[client_name] = self.staged_by.get(client_name, 0) + rows
+
     def attach(self, spark: SparkSession) -> None:
         """Register the ``meshbus`` data source and the commit listener on ``spark``.
 
@@ -321,6 +329,7 @@ class SparkBridge(Pipelines):
         """Per stream: positions, retained bytes, drops, consumers; and the sinks."""
         with self.lock:
             served = dict(self.served)
+            staged_by = dict(self.staged_by)
         return {
             "streams": {
                 name: [log.statistics() for log in s.logs]
@@ -330,6 +339,7 @@ class SparkBridge(Pipelines):
             "published": self._published,
             "staged": len(self.staged),
             "served": served,
+            "staged_by": staged_by,
         }
 
     def stream(

@@ -212,6 +212,7 @@ def _stage(bridge: SparkBridge, session: Session, _: dict[str, Any], body: Body)
         for old in [t for t, (at, _) in staged.items() if now - at > _STAGE_EXPIRY]:
             del staged[old]
         staged[token] = (now, table)
+    bridge.count_staged(session.client_name, table.num_rows)
     return {"token": token, "rows": table.num_rows}, b""
 
 

@@ -41,11 +41,14 @@ def local_spark_session(
     app_name: str = "meshbus",
     driver_memory: str = "1g",
     conf: Mapping[str, str] | None = None,
+    master: str | None = None,
 ) -> SparkSession:
     """Start (or return) a local SparkSession on loopback with small-batch settings.
 
     Worker processes run this interpreter (``PYSPARK_PYTHON``), so they import the
-    same meshbus. ``conf`` entries override the defaults.
+    same meshbus. ``conf`` entries override the defaults. ``master`` defaults to
+    ``local[cores]``; ``local-cluster[2,1,1024]`` runs two executor JVMs with their
+    own Python workers, as a cluster would.
     """
     from pyspark.sql import SparkSession
 
@@ -75,7 +78,7 @@ def local_spark_session(
         # Arrow-optimised Python UDFs need pandas, which the spark extra does not pull in.
         settings["spark.sql.execution.pythonUDF.arrow.enabled"] = "false"
     settings.update(conf or {})
-    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    builder = SparkSession.builder.master(master or f"local[{cores}]").appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
