@@ -177,11 +177,19 @@ class NodeClient:
                 f"{self.target.username!r} to VPN {self.target.vpn!r}: {exc.why}",
             ) from None
         except (TransportError, OSError) as exc:
+            if "certificate" in str(exc):
+                hint = (
+                    "the node's certificate must be signed by the CA in the 'tlsCa' option "
+                    "and name the host of the 'address' option"
+                )
+            else:
+                hint = (
+                    "the address must be one this machine can connect to: give the node's "
+                    "reachable (advertised) address in the 'address' option"
+                )
             raise BridgeUnavailableError(
                 f"{socket.gethostname()} cannot reach the meshbus node at "
-                f"{self.target.describe()}: {exc}. The address must be one this machine can "
-                "connect to: give the node's reachable (advertised) address in the "
-                "'address' option"
+                f"{self.target.describe()}: {exc}; {hint}"
             ) from None
 
     def close(self) -> None:

@@ -120,7 +120,8 @@ async def test_an_untrusted_server_certificate_fails_at_connect_naming_the_addre
             BridgeUnavailableError, match=f"cannot reach the meshbus node at {bridge.address}"
         ) as info:
             await call(untrusted, "stats")
-        assert "certificate" in str(info.value).lower()
+        assert "certificate not trusted" in str(info.value)
+        assert "'tlsCa'" in str(info.value)
 
 
 # --- the caller's ACL ------------------------------------------------------------------
