@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._columns import CREATE_TIME, FIELDS, LOG_APPEND_TIME, captured_to_batch
 from ._durable import ids_in
@@ -242,20 +243,58 @@ class StreamLog:
 
     # --- consumers ----------------------------------------------------------------------
 
-    def bounds(self, consumer: str, starting: str) -> tuple[int, int]:
+    def bounds(
+        self, consumer: str, starting: str | int, *, fail_on_data_loss: bool = False
+    ) -> tuple[int, int]:
         """Seal, and return ``(start, end)``: what a read of ``consumer`` starting at
-        ``starting`` (earliest, latest, committed) would cover now."""
+        ``starting`` would cover now. ``starting`` is ``earliest``, ``latest``,
+        ``committed``, an offset, -2 (earliest) or -1 (latest), or ``"@MS"`` for the
+        first message published at or after ``MS`` milliseconds since the epoch.
+
+        :raises OffsetsUnavailableError: ``fail_on_data_loss`` and the offset asked for
+            was released already.
+        """
         end = self.seal()
+        at_time = isinstance(starting, str) and starting.startswith("@")
+        start = self.offset_at_time(int(starting[1:])) if at_time else None
         with self._lock:
             self.served = True
-            if starting == "latest":
+            base = self._base
+            if start is not None:
+                return start, end
+            if starting in ("latest", -1):
                 return end, end
-            committed = self.consumers.get(consumer) if starting == "committed" else None
-            return max(committed, self._base) if committed is not None else self._base, end
+            if starting in ("earliest", -2):
+                return base, end
+            if starting == "committed":
+                committed = self.consumers.get(consumer)
+                return (max(committed, base) if committed is not None else base), end
+            assert isinstance(starting, int)
+            if starting < base and fail_on_data_loss:
+                raise OffsetsUnavailableError(
+                    f"stream {self.name!r} partition {self.partition}: offset {starting} was "
+                    f"released (earliest retained is {base}); set failOnDataLoss=false to "
+                    "start from there instead"
+                )
+            return min(max(starting, base), end), end
 
-    def register(self, consumer: str, starting: str) -> int:
+    def offset_at_time(self, millis: int) -> int:
+        """The first offset whose ``timestamp`` is at or after ``millis`` (ms since the
+        epoch), or the next offset when none is."""
+        wanted = pa.scalar(millis * 1000, pa.timestamp("us", tz="UTC"))
+        with self._lock:
+            segments = list(self._segments)
+            end = self._tail_start
+        for start, batch in segments:
+            later = pc.greater_equal(batch.column("timestamp"), wanted)
+            index = pc.index(later, True).as_py()
+            if index >= 0:
+                return start + int(index)
+        return end
+
+    def register(self, consumer: str, starting: str | int, **checks: bool) -> int:
         """Register ``consumer`` (idempotent) and return where a new query of it starts."""
-        start, _ = self.bounds(consumer, starting)
+        start, _ = self.bounds(consumer, starting, **checks)
         with self._lock:
             known = self.consumers.get(consumer)
             self.consumers[consumer] = start if known is None else min(known, start)

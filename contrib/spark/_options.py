@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -54,6 +55,11 @@ _READ = (
     "includeHeaders",
     "consumer",
     "partitions",
+    "startingTimestamp",
+    "endingOffsets",
+    "failOnDataLoss",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
 )
 _WRITE = ("topic", "deliveryMode", "sinkId")
 _COMMON = (
@@ -193,6 +199,59 @@ def _path(name: str, value: str) -> str:
     return _text(name, value)
 
 
+def _offsets_json(name: str, value: str, words: tuple[str, ...]) -> str | dict[str, int]:
+    """One of ``words``, or a JSON object of offsets by partition (``{"0": 12, "1": -2}``;
+    -2 is the earliest offset and -1 the latest, as in Kafka's options)."""
+    text = value.strip()
+    if not text.startswith("{"):
+        return _choice(words)(name, value)
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        raise _fail(name, f"not JSON: {exc}") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise _fail(name, 'expected an object of offsets by partition, like {"0": 12, "1": -2}')
+    offsets: dict[str, int] = {}
+    for key, offset in parsed.items():
+        if not (isinstance(key, str) and key.isdecimal()):
+            raise _fail(name, f"{key!r} is not a partition number")
+        if type(offset) is not int or offset < -2:
+            raise _fail(name, f"partition {key}: {offset!r} is not an offset (or -2, -1)")
+        offsets[str(int(key))] = offset
+    return offsets
+
+
+def _starting(name: str, value: str) -> str | dict[str, int]:
+    return _offsets_json(name, value, STARTING_OFFSETS)
+
+
+def _ending(name: str, value: str) -> str | dict[str, int]:
+    return _offsets_json(name, value, ("latest",))
+
+
+def _timestamp(name: str, value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise _fail(name, f"expected milliseconds since the epoch, got {value!r}") from None
+    if number < 0:
+        raise _fail(name, f"expected milliseconds since the epoch, got {value!r}")
+    return number
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(name: str, value: str) -> float:
+    """Seconds of a duration written as Spark writes them: ``500ms``, ``10s``, ``15m``."""
+    text = value.strip().lower()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        number = text.removesuffix(unit)
+        if number != text and number.strip().isdecimal():
+            return int(number) * _UNITS[unit]
+    raise _fail(name, f"expected a duration such as 500ms, 10s or 15m, got {value!r}")
+
+
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "address": _address,
     "vpn": _text,
@@ -204,7 +263,12 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "partitions": _partitions,
     "subscribe": _filters,
     "queue": _text,
-    "startingoffsets": _choice(STARTING_OFFSETS),
+    "startingoffsets": _starting,
+    "startingtimestamp": _timestamp,
+    "endingoffsets": _ending,
+    "failondataloss": _boolean,
+    "minoffsetspertrigger": _positive_int,
+    "maxtriggerdelay": _duration,
     "maxoffsetspertrigger": _positive_int,
     "includeheaders": _boolean,
     "consumer": _text,
@@ -256,11 +320,18 @@ class ReadOptions:
     node: NodeTarget
     subscribe: tuple[str, ...] | None
     queue: str | None
-    starting_offsets: str
+    starting_offsets: str | dict[str, int] | None
+    """``None``: the default, ``latest`` for a stream and ``earliest`` for a batch read."""
     max_offsets_per_trigger: int | None
     include_headers: bool
     consumer: str
     partitions: int = 1
+    starting_timestamp: int | None = None
+    """Milliseconds since the epoch: start at each partition's first message this new."""
+    ending_offsets: str | dict[str, int] = "latest"
+    fail_on_data_loss: bool = True
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay: float = 900.0
 
     @property
     def stream(self) -> dict[str, Any]:
@@ -291,15 +362,32 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
     values = _parsed(options, _READ, "read")
     if "subscribe" not in values and "queue" not in values:
         raise SparkOptionError("subscribe", "a read needs 'subscribe' (topic filters) or 'queue'")
+    if "startingtimestamp" in values and "startingoffsets" in values:
+        raise _fail("startingtimestamp", "give either 'startingTimestamp' or 'startingOffsets'")
+    for given in ("startingoffsets", "endingoffsets"):
+        offsets = values.get(given)
+        if isinstance(offsets, dict):
+            wanted = {str(n) for n in range(values.get("partitions", 1))}
+            if set(offsets) != wanted:
+                raise _fail(
+                    given,
+                    f"names partitions {sorted(offsets, key=int)}, but the stream has "
+                    f"{len(wanted)} ({', '.join(sorted(wanted, key=int))})",
+                )
     return ReadOptions(
         node=_target(values),
         subscribe=values.get("subscribe"),
         queue=values.get("queue"),
-        starting_offsets=values.get("startingoffsets", "earliest"),
+        starting_offsets=values.get("startingoffsets"),
         max_offsets_per_trigger=values.get("maxoffsetspertrigger"),
         include_headers=values.get("includeheaders", False),
         consumer=values.get("consumer", "default"),
         partitions=values.get("partitions", 1),
+        starting_timestamp=values.get("startingtimestamp"),
+        ending_offsets=values.get("endingoffsets", "latest"),
+        fail_on_data_loss=values.get("failondataloss", True),
+        min_offsets_per_trigger=values.get("minoffsetspertrigger"),
+        max_trigger_delay=values.get("maxtriggerdelay", 900.0),
     )
 
 

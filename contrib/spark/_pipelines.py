@@ -48,9 +48,13 @@ class Pipelines:
         """``spark.readStream.format("meshbus")`` on this bridge, loaded.
 
         Other options go by their Spark names (``startingOffsets="latest"``,
-        ``maxOffsetsPerTrigger=10000``, ``consumer="reports"``).
+        ``maxOffsetsPerTrigger=10000``, ``consumer="reports"``). Unlike the data
+        source on its own, which starts a stream at ``latest`` as Kafka's does, the
+        shortcut starts at ``earliest``: what the bridge captured for the app so far.
         """
         self.attach(spark)
+        if not any(k.lower() in ("startingoffsets", "startingtimestamp") for k in options):
+            options["startingOffsets"] = "earliest"
         reader = spark.readStream.format("meshbus").options(**self.connect_options)
         return reader.options(**_source_options(subscribe, queue, options)).load()
 

@@ -32,6 +32,12 @@ def _is(kind: pa.DataType, checks: Sequence[Any]) -> bool:
 def check_write_schema(schema: pa.Schema, topic_option: str | None) -> None:
     """Refuse a DataFrame the sink cannot publish; each error names the column."""
     names = set(schema.names)
+    if "partition" in names:
+        raise SparkOptionError(
+            "partition",
+            "a meshbus sink cannot place rows in partitions (a reader splits a stream by "
+            "'key'): drop the column, e.g. df.drop('partition')",
+        )
     if "value" not in names:
         raise SparkOptionError("value", "a write needs a 'value' column (binary or string)")
     if not _is(schema.field("value").type, _BYTES):

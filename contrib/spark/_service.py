@@ -31,7 +31,7 @@ import pyarrow as pa
 from meshbus.errors import AccessDeniedError, MeshbusError
 
 from ._columns import arrow_schema
-from ._errors import BridgeError
+from ._errors import BridgeError, OffsetsUnavailableError
 from ._rows import publishable_rows
 from ._wire import Body, error_header
 
@@ -109,11 +109,26 @@ def _stream(bridge: SparkBridge, session: Session, args: dict[str, Any]) -> Stre
     return stream
 
 
+def _starting(h: dict[str, Any], partition: int, default: str) -> str | int:
+    """Where a read starts in ``partition``: ``startingTimestamp`` (as ``"@MS"``),
+    else the partition's entry of ``startingOffsets``, else the word it gives."""
+    timestamp = h.get("timestamp")
+    if timestamp is not None:
+        return f"@{int(timestamp)}"
+    starting = h.get("starting", default)
+    if isinstance(starting, dict):
+        return int(starting[str(partition)])
+    return str(starting)
+
+
 def _open(bridge: SparkBridge, session: Session, h: dict[str, Any], _: Body) -> Answer:
     stream = _stream(bridge, session, h)
     bridge.catch_up_queue(stream)
-    consumer, starting = str(h["consumer"]), str(h.get("starting", "earliest"))
-    start = [log.register(consumer, starting) for log in stream.logs]
+    consumer, fail = str(h["consumer"]), bool(h.get("fail", False))
+    start = [
+        log.register(consumer, _starting(h, n, "earliest"), fail_on_data_loss=fail)
+        for n, log in enumerate(stream.logs)
+    ]
     return {"stream": stream.spec.id, "start": _wire(start)}, b""
 
 
@@ -138,24 +153,30 @@ def _latest(bridge: SparkBridge, session: Session, h: dict[str, Any], _: Body) -
 def _bounds(bridge: SparkBridge, session: Session, h: dict[str, Any], _: Body) -> Answer:
     stream = _stream(bridge, session, h)
     bridge.catch_up_queue(stream)
-    consumer, starting = str(h.get("consumer", "default")), str(h.get("starting", "earliest"))
-    found = [log.bounds(consumer, starting) for log in stream.logs]
-    return {
-        "stream": stream.spec.id,
-        "start": _wire([start for start, _ in found]),
-        "end": _wire([end for _, end in found]),
-    }, b""
+    consumer, fail = str(h.get("consumer", "default")), bool(h.get("fail", False))
+    ending = h.get("ending", "latest")
+    starts, ends = [], []
+    for number, log in enumerate(stream.logs):
+        start, end = log.bounds(consumer, _starting(h, number, "earliest"), fail_on_data_loss=fail)
+        if isinstance(ending, dict) and int(ending[str(number)]) >= 0:
+            end = min(end, int(ending[str(number)]))
+        starts.append(start)
+        ends.append(max(start, end))
+    return {"stream": stream.spec.id, "start": _wire(starts), "end": _wire(ends)}, b""
 
 
 def _fetch(bridge: SparkBridge, session: Session, h: dict[str, Any], _: Body) -> Answer:
     stream = _stream(bridge, session, h)
     log = stream.partition(h.get("partition", 0))
     start, end = int(h["start"]), int(h["end"])
+    fail = bool(h.get("fail", False))
     log.adopt(start)
     if stream.spec.queue is not None:  # a replayed batch after a restart: redeliveries
         deadline = time.monotonic() + bridge.fetch_wait
         while log.next_offset < end and time.monotonic() < deadline:
             time.sleep(0.01)
+    if not fail and start < log.earliest < end:  # released: read what is left
+        start = log.earliest
     pieces = log.read(start, end)
     include = bool(h.get("headers"))
     schema = arrow_schema(include)
@@ -175,6 +196,12 @@ def _fetch(bridge: SparkBridge, session: Session, h: dict[str, Any], _: Body) ->
                 break
     held = sum(p.num_rows for p in pieces)
     if held < end - start:
+        if fail:
+            raise OffsetsUnavailableError(
+                f"stream {stream.spec.id!r} partition {log.partition} lost offsets "
+                f"{start + held} to {end} (the node restarted without them, or they expired); "
+                "set failOnDataLoss=false to skip them"
+            )
         # Spark will commit [start, end) whatever we return: later messages must
         # not be numbered inside it.
         log_gap(stream, log.partition, end)

@@ -15,6 +15,7 @@ restarted query resumes after the last batch it committed.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,15 +82,26 @@ class MeshbusDataSource(DataSource):
         return MeshbusStreamReader(read_options(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        _refuse_overwrite(overwrite)
         return MeshbusWriter(_checked_write(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        _refuse_overwrite(overwrite)
         options = _checked_write(self.options, schema)
         if options.sink_id is None and options.checkpoint_location is None:
             raise SparkOptionError(
                 "sinkId", "writeStream needs a 'checkpointLocation' option or a 'sinkId'"
             )
         return MeshbusStreamWriter(options)
+
+
+def _refuse_overwrite(overwrite: bool) -> None:
+    if overwrite:
+        raise SparkOptionError(
+            "mode",
+            "a meshbus sink only appends (published messages cannot be taken back): "
+            "use mode('append'), or outputMode('append') for a stream",
+        )
 
 
 def _checked_write(options: Any, schema: StructType) -> WriteOptions:
@@ -136,12 +148,30 @@ def _fetch(options: ReadOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
             start=start,
             end=part.end,
             headers=options.include_headers,
+            fail=options.fail_on_data_loss,
         )
         yield from pa.ipc.open_stream(body)
         until = int(h["until"])
         if until <= start:
             return
         start = until
+
+
+def check_range(starting: str | dict[str, int] | None, ending: str | dict[str, int]) -> None:
+    """Refuse ``endingOffsets`` that end before ``startingOffsets`` begin (or that name
+    ``earliest``, which ends nothing)."""
+    if isinstance(ending, dict):
+        for partition, end in ending.items():
+            if end == -2:
+                raise SparkOptionError(
+                    "endingOffsets", f"partition {partition}: -2 (earliest) ends nothing"
+                )
+            start = starting.get(partition) if isinstance(starting, dict) else None
+            if start is not None and start >= 0 and 0 <= end < start:
+                raise SparkOptionError(
+                    "endingOffsets",
+                    f"partition {partition} ends at {end}, before its starting offset {start}",
+                )
 
 
 def _limited(position: dict[str, int], end: dict[str, int], rows: int) -> dict[str, int]:
@@ -180,13 +210,19 @@ class MeshbusReader(_Reading, DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        if options.ending_offsets != "latest" and options.starting_timestamp is None:
+            check_range(options.starting_offsets, options.ending_offsets)
         h, _ = self.client.request(
             "bounds",
-            stream=self.options.stream,
-            starting=self.options.starting_offsets,
-            consumer=self.options.consumer,
+            stream=options.stream,
+            starting=options.starting_offsets or "earliest",  # a batch read: Kafka's default
+            timestamp=options.starting_timestamp,
+            ending=options.ending_offsets,
+            consumer=options.consumer,
+            fail=options.fail_on_data_loss,
         )
-        return _ranges(self.options.stream, h["start"], h["end"])
+        return _ranges(options.stream, h["start"], h["end"])
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # Spark reads one placeholder partition when there are none (nothing retained).
@@ -197,26 +233,33 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
     """``spark.readStream.format("meshbus")``."""
 
     def __init__(self, options: ReadOptions) -> None:
+        if options.ending_offsets != "latest":
+            raise SparkOptionError("endingOffsets", "applies to batch reads (spark.read) only")
         self.options = options
         self._available_now = False
         self._target: dict[str, int] | None = None
+        self._last_batch = time.monotonic()
 
     def __getstate__(self) -> dict[str, Any]:
         return {
             "options": self.options,
             "_available_now": self._available_now,
             "_target": self._target,
+            "_last_batch": self._last_batch,
         }
 
     def _offset(self, stream: str, next_offsets: dict[str, int]) -> dict[str, Any]:
         return {"meshbusStream": stream, "consumer": self.options.consumer, "next": next_offsets}
 
     def initialOffset(self) -> dict[str, Any]:
+        options = self.options
         h, _ = self.client.request(
             "open",
-            stream=self.options.stream,
-            consumer=self.options.consumer,
-            starting=self.options.starting_offsets,
+            stream=options.stream,
+            consumer=options.consumer,
+            starting=options.starting_offsets or "latest",  # a stream: Kafka's default
+            timestamp=options.starting_timestamp,
+            fail=options.fail_on_data_loss,
         )
         return self._offset(h["stream"], h["start"])
 
@@ -244,7 +287,16 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
             }
         if isinstance(limit, ReadMaxRows):
             end = _limited(position, end, limit.max_rows)
-        return self._offset(h["stream"], {k: max(v, position.get(k, 0)) for k, v in end.items()})
+        end = {k: max(v, position.get(k, 0)) for k, v in end.items()}
+        least = self.options.min_offsets_per_trigger
+        if least is not None and not self._available_now:
+            waited = time.monotonic() - self._last_batch
+            new = sum(v - position.get(k, 0) for k, v in end.items())
+            if new < least and waited < self.options.max_trigger_delay:
+                return self._offset(h["stream"], position)  # too few yet: no batch
+        if end != position:
+            self._last_batch = time.monotonic()
+        return self._offset(h["stream"], end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return _ranges(self.options.stream, partition_offsets(start), partition_offsets(end))

@@ -187,7 +187,9 @@ async def test_commit_releases_data_and_moves_earliest() -> None:
         assert (await worker("latest", stream=EVENTS))["earliest"] == 2
         assert bridge.statistics()["streams"]["events/>"][0]["consumers"] == {"a": 2}
         with pytest.raises(OffsetsUnavailableError, match="earliest retained is 2"):
-            await worker.fetch(EVENTS, 0, 3)
+            await worker.fetch(EVENTS, 0, 3, fail=True)  # failOnDataLoss, Kafka's default
+        skipped = await worker.fetch(EVENTS, 0, 3)  # failOnDataLoss=false: what is left
+        assert skipped.column("offset").to_pylist() == [2]
         assert (await worker.fetch(EVENTS, 2, 3)).column("value").to_pylist() == [b"3"]
         await worker("commit", stream=EVENTS, consumer="a", next=3)
         assert (await worker("bounds", stream=EVENTS))["start"] == 3

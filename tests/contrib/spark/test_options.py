@@ -63,6 +63,29 @@ def test_every_read_option_parses() -> None:
     assert parsed.stream == {"subscribe": ["a/>", "b/*/c"], "partitions": 4}
 
 
+def test_kafkas_offset_options_parse() -> None:
+    parsed = read_options(
+        {
+            "subscribe": "a/>",
+            "partitions": "2",
+            "startingOffsets": '{"0": 5, "1": -2}',
+            "endingOffsets": '{"0": 9, "1": -1}',
+            "failOnDataLoss": "false",
+            "minOffsetsPerTrigger": "100",
+            "maxTriggerDelay": "30s",
+        }
+    )
+    assert parsed.starting_offsets == {"0": 5, "1": -2}
+    assert parsed.ending_offsets == {"0": 9, "1": -1}
+    assert parsed.fail_on_data_loss is False
+    assert (parsed.min_offsets_per_trigger, parsed.max_trigger_delay) == (100, 30.0)
+    assert read_options(
+        {"queue": "q", "startingTimestamp": "1700000000000"}
+    ).starting_timestamp == (1700000000000)
+    for text, seconds in (("500ms", 0.5), ("15m", 900.0), ("2h", 7200.0), ("1d", 86400.0)):
+        assert read_options({"queue": "q", "maxTriggerDelay": text}).max_trigger_delay == seconds
+
+
 def test_a_queue_read_parses_and_names_the_queue_stream() -> None:
     parsed = read_options({"queue": " orders ", "startingOffsets": "committed"})
     assert (parsed.queue, parsed.subscribe) == ("orders", None)
@@ -115,7 +138,14 @@ def test_lower_case_names_as_spark_passes_them() -> None:
 
 def test_read_defaults() -> None:
     parsed = read_options({"subscribe": "a/>"})
-    assert parsed.starting_offsets == "earliest"
+    assert (
+        parsed.starting_offsets is None
+    )  # the reader's: latest for a stream, earliest for a batch
+    assert parsed.starting_timestamp is None
+    assert parsed.ending_offsets == "latest"
+    assert parsed.fail_on_data_loss is True
+    assert parsed.min_offsets_per_trigger is None
+    assert parsed.max_trigger_delay == 900.0
     assert parsed.consumer == "default"
     assert parsed.max_offsets_per_trigger is None
     assert parsed.include_headers is False
@@ -183,6 +213,21 @@ def expect_option_error(option: str, call: object) -> SparkOptionError:
         ({"subscribe": "a", "partitions": "257"}, "partitions", "at most 256"),
         ({"subscribe": "a", "vpn": " "}, "vpn", "empty"),
         ({"subscribe": "a", "tlsCertificate": "/c.pem"}, "tlsCertificate", "tlsPrivateKey"),
+        ({"subscribe": "a", "startingOffsets": "{bad"}, "startingOffsets", "not JSON"),
+        ({"subscribe": "a", "startingOffsets": "[1]"}, "startingOffsets", "earliest, latest"),
+        ({"subscribe": "a", "startingOffsets": '{"x": 1}'}, "startingOffsets", "partition"),
+        ({"subscribe": "a", "startingOffsets": '{"0": -3}'}, "startingOffsets", "-3"),
+        ({"subscribe": "a", "startingOffsets": '{"0": 1, "1": 2}'}, "startingOffsets", "has 1"),
+        ({"subscribe": "a", "endingOffsets": "earliest"}, "endingOffsets", "latest"),
+        ({"subscribe": "a", "startingTimestamp": "-1"}, "startingTimestamp", "epoch"),
+        (
+            {"subscribe": "a", "startingTimestamp": "1", "startingOffsets": "latest"},
+            "startingTimestamp",
+            "either",
+        ),
+        ({"subscribe": "a", "failOnDataLoss": "no"}, "failOnDataLoss", "true or false"),
+        ({"subscribe": "a", "minOffsetsPerTrigger": "0"}, "minOffsetsPerTrigger", "positive"),
+        ({"subscribe": "a", "maxTriggerDelay": "soon"}, "maxTriggerDelay", "duration"),
     ],
 )
 def test_bad_read_options_name_the_option(options: dict[str, str], option: str, why: str) -> None:
@@ -238,6 +283,11 @@ def test_check_known_accepts_every_documented_name_in_any_case() -> None:
         "tlsCertificate",
         "tlsPrivateKey",
         "partitions",
+        "startingTimestamp",
+        "endingOffsets",
+        "failOnDataLoss",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
         "checkpointLocation",
         "path",
     ]
