@@ -475,6 +475,12 @@ class RemoteSession:
     async def _request(
         self, kind: FrameKind, header: dict[str, Any], payload: bytes = b""
     ) -> dict[str, Any]:
+        return (await self._answer(kind, header, payload))[0]
+
+    async def _answer(
+        self, kind: FrameKind, header: dict[str, Any], payload: bytes = b""
+    ) -> tuple[dict[str, Any], bytes]:
+        """Send a request; its answer's fields and payload, or its error raised."""
         self._check_open()
         request = Request((kind, header, payload))
         self._send_request(request)
@@ -483,7 +489,7 @@ class RemoteSession:
         if isinstance(result, MeshbusError):
             raise result
         assert result is not None
-        return result
+        return result, request.body
 
     def _fail_requests(self, error: MeshbusError) -> None:
         requests, self._requests = self._requests, {}
@@ -763,21 +769,13 @@ class RemoteSession:
     async def call(
         self, service: str, args: dict[str, Any] | None = None, body: bytes = b""
     ) -> tuple[dict[str, Any], bytes]:
-        """Call a service a plugin on the node provides (:meth:`meshbus.Node.provide_service`):
-        send ``args`` (a JSON object) and ``body``, and return the answer's fields and body.
+        """Call a service a plugin on the node provides (:meth:`meshbus.Node.provide_service`)
+        with ``args`` (a JSON object) and ``body``; the answer's fields and body.
 
-        :raises StateError: the node provides no such service.
-        :raises MeshbusError: the service refused the call (the error it raised).
+        :raises MeshbusError: the error the service raised (``StateError``: no such service).
         """
-        self._check_open()
         header = {"what": "call", "service": service, "args": args or {}}
-        request = Request((K.REQUEST, header, body))
-        self._send_request(request)
-        await request.done.wait()
-        if isinstance(request.result, MeshbusError):
-            raise request.result
-        assert request.result is not None
-        return request.result, request.body
+        return await self._answer(K.REQUEST, header, body)
 
     async def node_statistics(self) -> dict[str, Any]:
         """The node's statistics as ``meshbus stats`` prints them: this session's VPN,
