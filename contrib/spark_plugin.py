@@ -59,6 +59,7 @@ class SparkSettings:
     advertise: str | None = None
     queue_window: int = attrs.field(default=10_000, validator=_positive)
     max_bytes: int = attrs.field(default=256 << 20, validator=_positive)
+    max_staged_bytes: int = attrs.field(default=1 << 30, validator=_positive)
 
     def bridge(self) -> SparkBridge:
         """The bridge these settings describe (on the node's own listeners).
@@ -78,6 +79,7 @@ class SparkSettings:
             password=self.password,
             queue_window=self.queue_window,
             max_bytes=self.max_bytes,
+            max_staged_bytes=self.max_staged_bytes,
         )
 
 

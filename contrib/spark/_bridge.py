@@ -78,6 +78,9 @@ class SparkBridge(Pipelines):
     :param queue_window: most queue messages held for Spark and not yet acknowledged.
     :param max_bytes: per topic-filter stream, the most Arrow bytes retained; the
         oldest are dropped (and counted) beyond it.
+    :param max_staged_bytes: the most Arrow bytes Spark's writes may hold staged and
+        not yet committed, all writers together; a stage beyond it is refused (the
+        task fails and Spark retries it).
     :param fetch_wait: seconds a read of a queue stream waits for offsets it was
         promised but the log does not hold yet (redeliveries after a restart).
     :param catch_up: seconds a query's question "how far does a queue stream go"
@@ -97,6 +100,7 @@ class SparkBridge(Pipelines):
         password: str | None = None,
         queue_window: int = 10_000,
         max_bytes: int = 256 << 20,
+        max_staged_bytes: int = 1 << 30,
         fetch_wait: float = 10.0,
         catch_up: float = 1.0,
     ) -> None:
@@ -123,6 +127,7 @@ class SparkBridge(Pipelines):
         self._password = password
         self.queue_window = queue_window
         self.max_bytes = max_bytes
+        self.max_staged_bytes = max_staged_bytes
         self.fetch_wait = fetch_wait
         self.catch_up = catch_up
         self._streams: dict[str, Stream] = {}

@@ -238,6 +238,13 @@ def _stage(bridge: SparkBridge, session: Session, _: dict[str, Any], body: Body)
         staged = bridge.staged
         for old in [t for t, (at, _) in staged.items() if now - at > _STAGE_EXPIRY]:
             del staged[old]
+        held = sum(t.nbytes for _, t in staged.values())
+        if held + table.nbytes > bridge.max_staged_bytes:
+            raise BridgeError(
+                f"staging {table.nbytes} bytes would hold {held + table.nbytes} bytes of "
+                f"uncommitted writes, over the bridge's max_staged_bytes "
+                f"({bridge.max_staged_bytes}); Spark retries the task"
+            )
         staged[token] = (now, table)
     bridge.count_staged(session.client_name, table.num_rows)
     return {"token": token, "rows": table.num_rows}, b""

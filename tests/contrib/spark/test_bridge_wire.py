@@ -579,3 +579,18 @@ async def test_a_queue_stream_keeps_its_offsets_across_a_node_restart(tmp_path: 
         assert rows(table, "offset", "value") == [(2, b"before-2"), (3, b"before-3"), (4, b"after")]
         await worker("commit", stream=ORDERS, consumer="a", next=5)
         await until(lambda: queue.usage()[0] == 0)
+
+
+async def test_staged_writes_are_bounded_in_bytes() -> None:
+    table = pa.table({"topic": ["out/1"] * 100, "value": [b"x" * 1000] * 100})
+    async with running(SparkBridge(listen="127.0.0.1:0", max_staged_bytes=250_000)) as (
+        _,
+        bridge,
+        worker,
+    ):
+        tokens = [await worker.stage(table), await worker.stage(table)]
+        with pytest.raises(BridgeError, match="max_staged_bytes"):
+            await worker.stage(table)
+        assert bridge.statistics()["staged"] == 2
+        await worker("discard", tokens=tokens)
+        await worker.stage(table)  # room again
