@@ -561,14 +561,14 @@ async def spark_demo() -> None:
         return
     import pyarrow.parquet as pq
 
-    bridge = SparkBridge(subscribe=["meters/>"], listen="127.0.0.1:0")
+    bridge = SparkBridge(subscribe=["meters/>"], partitions=2, listen="127.0.0.1:0")
     with tempfile.TemporaryDirectory() as work:
         async with Node(name="demo", plugins=[*DEFAULT_PLUGINS, bridge]) as node:
             app = node.connect(client_name="meters")
             app.subscribe("totals/>")
             for i in range(900):
                 app.publish(f"meters/{('north', 'south', 'east')[i % 3]}", str(i % 10))
-            print("  900 meter readings published; the bridge numbered them for Spark")
+            print("  900 meter readings published; the bridge numbered them in 2 partitions")
             spark = await anyio.to_thread.run_sync(local_spark_session)
 
             def pipeline() -> list[int]:
@@ -578,6 +578,7 @@ async def spark_demo() -> None:
                     path=f"{work}/readings",
                     checkpoint=f"{work}/checkpoint",
                     available_now=True,
+                    partitions=2,
                 )
                 query.awaitTermination()
                 readings = spark.read.parquet(f"{work}/readings")
@@ -592,6 +593,11 @@ async def spark_demo() -> None:
 
             rows = await anyio.to_thread.run_sync(pipeline)
             print(f"  Spark wrote {len(rows)} rows to Parquet, offsets {min(rows)}..{max(rows)}")
+            readers = [n for n, r in bridge.statistics()["served"].items() if r and "-reader-" in n]
+            print(
+                f"  {len(readers)} Spark worker process(es) logged in to the node as clients "
+                "and fetched the rows themselves"
+            )
             with anyio.fail_after(10):
                 totals = sorted([await app.receive() for _ in range(3)], key=lambda m: m.topic)
             for message in totals:
