@@ -186,13 +186,14 @@ def _fetch(bridge: SparkBridge, session: Session, h: dict[str, Any], _: Body) ->
     with pa.ipc.new_stream(sink, schema) as writer:
         for piece in pieces:
             piece = piece if include else piece.drop_columns(["headers"])
-            if piece.nbytes > budget:  # at least one row, however large
+            cut = piece.nbytes > budget
+            if cut:  # at least one row, however large
                 fit = max(1, piece.num_rows * budget // max(piece.nbytes, 1))
                 piece = piece.slice(0, fit)
             writer.write_batch(piece)
             rows += piece.num_rows
             budget -= piece.nbytes
-            if budget <= 0:
+            if cut or budget <= 0:  # after a cut piece, nothing: the rows stay contiguous
                 break
     held = sum(p.num_rows for p in pieces)
     if held < end - start:

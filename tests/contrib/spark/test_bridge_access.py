@@ -266,3 +266,29 @@ async def test_a_large_fetch_comes_in_answers_of_a_few_megabytes() -> None:
             answers += 1
         assert got == rows
         assert answers >= 3
+
+
+async def test_a_fetch_cut_to_its_budget_returns_contiguous_rows() -> None:
+    payload = b"y" * 70_001  # sizes that do not divide the budget evenly
+    bridge = SparkBridge(listen="127.0.0.1:0", subscribe=["seg/>"])
+    async with Node(plugins=[*DEFAULT_PLUGINS, bridge]) as node:
+        anyone = NodeTarget(parse_urls(bridge.address))
+        spec = {"subscribe": ["seg/>"]}
+        async with node.connect() as producer:
+            for _ in range(5):  # five sealed segments of 60 rows (about 4 MB) each
+                for _ in range(60):
+                    producer.publish("seg/1", payload)
+                await anyio.wait_all_tasks_blocked()
+                bridge.stream(subscribe=["seg/>"]).seal()
+        end = (await call(anyone, "latest", stream=spec))["next"]["0"]
+        client = NodeClient(anyone, "test-segments")
+        start, offsets = 0, []
+        while start < end:
+            answer, body = await anyio.to_thread.run_sync(
+                functools.partial(client.request, "fetch", stream=spec, start=start, end=end)
+            )
+            got = pa.ipc.open_stream(body).read_all().column("offset").to_pylist()
+            assert got == list(range(start, start + len(got)))  # no row skipped
+            offsets += got
+            start = answer["until"]
+        assert offsets == list(range(end))
