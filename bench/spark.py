@@ -650,7 +650,8 @@ def progress_recorder() -> Any:
             progress = event.progress
             trigger_ms = int(progress.durationMs.get("triggerExecution", 0))
             self.durations.append((str(progress.id), int(progress.numInputRows), trigger_ms))
-            for _stream, _consumer, next_offset in committed_offsets(progress):
+            for _stream, _consumer, next_offsets in committed_offsets(progress):
+                next_offset = sum(next_offsets.values())  # one partition here: its offset
                 self.events.append((now, str(progress.id), next_offset, int(progress.numInputRows)))
 
         def onQueryIdle(self, event: Any) -> None:
