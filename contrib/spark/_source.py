@@ -157,6 +157,13 @@ def _fetch(options: ReadOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
         start = until
 
 
+def _stream_start(options: ReadOptions) -> str:
+    """Where a stream without ``startingOffsets`` starts: ``latest`` for topic filters,
+    as Kafka's; ``earliest`` for a queue, whose messages wait for their consumer (from
+    ``latest``, the ones it holds would be acknowledged unread)."""
+    return "earliest" if options.queue is not None else "latest"
+
+
 def check_range(starting: str | dict[str, int] | None, ending: str | dict[str, int]) -> None:
     """Refuse ``endingOffsets`` that end before ``startingOffsets`` begin (or that name
     ``earliest``, which ends nothing)."""
@@ -257,7 +264,7 @@ class MeshbusStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
             "open",
             stream=options.stream,
             consumer=options.consumer,
-            starting=options.starting_offsets or "latest",  # a stream: Kafka's default
+            starting=options.starting_offsets or _stream_start(options),
             timestamp=options.starting_timestamp,
             fail=options.fail_on_data_loss,
         )

@@ -148,3 +148,31 @@ async def test_overwrite_and_a_partition_column_are_refused(spark: Any) -> None:
 def test_stream_ids_name_their_partitions() -> None:
     assert StreamSpec(subscribe=("a/>",), partitions=3).id == "a/>#3"
     assert StreamSpec(queue="q").id == "queue:q"
+
+
+async def test_a_queue_stream_starts_at_earliest_so_nothing_is_acked_unread(
+    spark: Any, tmp_path: Any
+) -> None:
+    async with running_bridge(queues=["jobs"]) as (node, bridge):
+        queue = node.guaranteed.create_queue("jobs", subscriptions=["jobs/>"])
+        app = node.connect(client_name="app")
+        for i in range(3):
+            await app.send("jobs/x", f"held-{i}")
+
+        def run() -> list[Any]:
+            bridge.attach(spark)
+            (
+                spark.readStream.format("meshbus")
+                .options(**bridge.connect_options, queue="jobs")
+                .load()
+                .writeStream.format("parquet")
+                .option("path", str(tmp_path / "out"))
+                .option("checkpointLocation", str(tmp_path / "ck"))
+                .trigger(availableNow=True)
+                .start()
+                .awaitTermination()
+            )
+            return spark.read.parquet(str(tmp_path / "out")).collect()
+
+        assert values(await blocking(run)) == ["held-0", "held-1", "held-2"]
+        await wait_for(lambda: queue.usage()[0] == 0)
