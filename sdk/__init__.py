@@ -45,7 +45,13 @@ from ._profiles import (
 from ._sections import ConfigContext, ConfigReader, ConfigSection, ConfigSections
 from ._session import MessageHandler, Session
 from ._stash import Stash, StashKey
-from ._stats import LatencyHistogram, NodeStatistics, SessionStatistics, VpnStatistics
+from ._stats import (
+    LatencyHistogram,
+    NodeStatistics,
+    QueueStatistics,
+    SessionStatistics,
+    VpnStatistics,
+)
 from ._topics import (
     QUEUE_TOPIC_PREFIX,
     Subscription,
@@ -119,6 +125,7 @@ __all__ = [
     "MessageOptions",
     "Node",
     "NodeStatistics",
+    "QueueStatistics",
     "OriginFilter",
     "Pipeline",
     "PluginError",

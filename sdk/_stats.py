@@ -8,7 +8,13 @@ from bisect import bisect_left
 
 import attrs
 
-__all__ = ["LatencyHistogram", "NodeStatistics", "SessionStatistics", "VpnStatistics"]
+__all__ = [
+    "LatencyHistogram",
+    "NodeStatistics",
+    "QueueStatistics",
+    "SessionStatistics",
+    "VpnStatistics",
+]
 
 
 @attrs.frozen
@@ -77,6 +83,52 @@ class NodeStatistics:
     """Published messages that matched no subscription."""
     login_failures: int
     """Logins refused."""
+
+
+@attrs.frozen
+class QueueStatistics:
+    """The state and counters of one queue or topic endpoint (SPEC 4)."""
+
+    vpn: str
+    """The VPN it belongs to."""
+    name: str
+    """Its name in that VPN."""
+    kind: str
+    """``"queue"`` or ``"topic-endpoint"``."""
+    messages: int
+    """Messages it holds now (spooled, not yet acknowledged), counted against its quota."""
+    bytes: int
+    """Payload bytes it holds now, counted against its quota."""
+    max_messages: int | None
+    """Its quota in messages, or ``None``."""
+    max_bytes: int | None
+    """Its quota in payload bytes, or ``None``."""
+    flows: int
+    """Consumer flows bound to it now."""
+    in_flight: int
+    """Messages handed to flows and not yet acknowledged."""
+    subscriptions: tuple[str, ...]
+    """The topic filters that attract messages to it."""
+    dead_message_queue: str | None
+    """Where messages past their redelivery limit or TTL go, or ``None``."""
+    ingress_enabled: bool
+    """Whether it accepts messages."""
+    egress_enabled: bool
+    """Whether flows may bind and receive."""
+    spooled: int
+    """Messages spooled to it since the node started."""
+    delivered: int
+    """Deliveries to flows (redeliveries included)."""
+    acked: int
+    """Messages acknowledged by consumers."""
+    redelivered: int
+    """Deliveries flagged as redelivered."""
+    expired: int
+    """Messages past their TTL."""
+    dead_lettered: int
+    """Messages moved to its dead message queue."""
+    discarded: int
+    """Messages dropped (past their limits with no dead message queue)."""
 
 
 class LatencyHistogram:

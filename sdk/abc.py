@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ._links import Link
     from ._messages import Message
     from ._session import Session
+    from ._stats import QueueStatistics
     from ._vpn import Vpn
 
 __all__ = [
@@ -128,6 +129,11 @@ class GuaranteedMessaging(ABC):
     @abstractmethod
     def remove_subscription(self, name: str, subscription: str, *, vpn: str = "default") -> None:
         """Remove a subscription from a queue while it runs (a no-op if it has none such)."""
+
+    @abstractmethod
+    def queue_statistics(self, vpn: str | None = None) -> list[QueueStatistics]:
+        """The depth, quota, flows and counters of every queue and topic endpoint of
+        ``vpn`` (of every VPN for ``None``), ordered by VPN, kind and name."""
 
     @abstractmethod
     async def send(

@@ -27,6 +27,7 @@ from meshbus import (
     DeliveryMode,
     Message,
     PublishRejectedError,
+    QueueStatistics,
     Session,
     StateError,
 )
@@ -129,6 +130,33 @@ class Queue:
         return (
             stats.messages + self._reserved[0] - len(self._pending_acks),
             stats.bytes + self._reserved[1] - self._pending_ack_bytes,
+        )
+
+    def statistics(self) -> QueueStatistics:
+        """Its depth (what :meth:`usage` counts), quota, flows and counters now."""
+        messages, size = self.usage()
+        s = self.settings
+        return QueueStatistics(
+            vpn=self.vpn_name,
+            name=s.name,
+            kind="topic-endpoint" if self.topic_endpoint else "queue",
+            messages=messages,
+            bytes=size,
+            max_messages=s.max_messages,
+            max_bytes=s.max_bytes,
+            flows=len(self.flows),
+            in_flight=self._in_flight,
+            subscriptions=tuple(self.filters()),
+            dead_message_queue=s.dead_message_queue,
+            ingress_enabled=s.ingress_enabled,
+            egress_enabled=s.egress_enabled,
+            spooled=self.spooled,
+            delivered=self.delivered,
+            acked=self.acked,
+            redelivered=self.redelivered,
+            expired=self.expired,
+            dead_lettered=self.dead_lettered,
+            discarded=self.discarded,
         )
 
     def refusal(self, size: int, message_size: int | None = None) -> PublishRejectedError | None:

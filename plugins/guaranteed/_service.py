@@ -23,6 +23,7 @@ from meshbus import (
     Message,
     Node,
     PublishRejectedError,
+    QueueStatistics,
     Session,
     SpoolError,
     StateError,
@@ -250,6 +251,12 @@ class GuaranteedService(GuaranteedMessaging):
         if queue is None:
             raise StateError(f"no queue {name!r} in VPN {vpn!r}")
         return queue
+
+    def queue_statistics(self, vpn: str | None = None) -> list[QueueStatistics]:
+        """Every queue and topic endpoint of ``vpn`` (of all VPNs for ``None``), by name."""
+        found = [q for q in self._queues.values() if vpn is None or q.vpn_name == vpn]
+        found.sort(key=lambda q: (q.vpn_name, q.topic_endpoint, q.settings.name))
+        return [q.statistics() for q in found]
 
     def find_queue(self, vpn: str, name: str) -> Queue | None:
         return self._queues.get((vpn, name))

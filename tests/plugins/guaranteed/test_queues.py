@@ -166,6 +166,40 @@ async def test_queues_are_per_vpn() -> None:
             await node.connect("third").bind("q")
 
 
+async def test_queue_statistics_show_depth_quota_flows_and_counters(
+    data_dir: Path | None,
+) -> None:
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
+        node.create_vpn("other")
+        svc = node.guaranteed
+        svc.create_queue("q", subscriptions=["a/>"], max_messages=10, dead_message_queue="dmq")
+        svc.create_queue("dmq")
+        svc.create_queue("elsewhere", vpn="other")
+        svc.create_topic_endpoint("te")
+        s = node.connect()
+        for n in range(3):
+            await s.send("a/x", b"12345" * (n + 1))
+        flow = await s.bind("q", window=1)
+        first = await flow.receive()
+        flow.ack(first)
+        await flow.receive()  # held, not acked
+
+        rows = svc.queue_statistics("default")
+        assert [(r.name, r.kind) for r in rows] == [
+            ("dmq", "queue"),
+            ("q", "queue"),
+            ("te", "topic-endpoint"),
+        ]
+        q = rows[1]
+        assert (q.vpn, q.messages, q.bytes) == ("default", 2, 25)
+        assert (q.max_messages, q.max_bytes, q.dead_message_queue) == (10, None, "dmq")
+        assert (q.flows, q.in_flight, q.subscriptions) == (1, 1, ("a/>",))
+        assert (q.spooled, q.delivered, q.acked, q.redelivered) == (3, 2, 1, 0)
+        assert (q.ingress_enabled, q.egress_enabled) == (True, True)
+        assert [r.name for r in svc.queue_statistics()] == ["dmq", "q", "te", "elsewhere"]
+        assert svc.queue("q").statistics() == q
+
+
 async def test_delete_queue_drops_messages_unbinds_flows_and_stops_attracting(
     data_dir: Path | None,
 ) -> None:
