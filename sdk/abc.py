@@ -136,6 +136,37 @@ class GuaranteedMessaging(ABC):
         ``vpn`` (of every VPN for ``None``), ordered by VPN, kind and name."""
 
     @abstractmethod
+    async def delete_queue(self, name: str, *, vpn: str = "default") -> None:
+        """Unbind a queue's flows, delete its messages and forget it.
+
+        :raises StateError: no such queue.
+        """
+
+    @abstractmethod
+    async def purge_queue(self, name: str, *, vpn: str = "default") -> int:
+        """Delete every message a queue holds, those handed to flows and not yet
+        acknowledged too (their acks are then ignored); return how many.
+
+        :raises StateError: no such queue.
+        """
+
+    @abstractmethod
+    def enable_queue(
+        self,
+        name: str,
+        *,
+        vpn: str = "default",
+        ingress: bool | None = None,
+        egress: bool | None = None,
+    ) -> None:
+        """Switch a queue's ingress (it takes messages) and egress (flows bind and
+        receive) on or off; ``None`` leaves one as it is. Bound flows stay bound
+        while egress is off and receive again once it is on.
+
+        :raises StateError: no such queue.
+        """
+
+    @abstractmethod
     async def send(
         self, session: Session, topic: str, payload: bytes, options: Mapping[str, Any]
     ) -> None:

@@ -90,6 +90,9 @@ class Queue:
         self.version = 0
         self._refill_lock = anyio.Lock()
         self.deleted = False
+        #: The highest message id a purge deleted: acks of such ids are ignored and
+        #: entries up to it never come back to the queue.
+        self.purged_through = 0
         # counters
         self.spooled = 0
         self.delivered = 0
@@ -113,6 +116,22 @@ class Queue:
         if self.topic_endpoint:
             return [self.subscription] if self.subscription is not None else []
         return [endpoint_filter(text) for text in self.settings.subscriptions]
+
+    async def purge(self) -> int:
+        """Delete every message it holds, those its flows hold too; return how many.
+
+        Under the refill lock, so no page read before the purge lands after it. Every
+        entry handed out so far has an id up to the read cursor, and messages stored
+        later have higher ids: :attr:`purged_through` tells the two apart.
+        """
+        async with self._refill_lock:
+            self.purged_through = self._cursor
+            self.forget_held()
+            for flow in self.flows:
+                flow.forget_purged()
+            dropped = await self.store.drop_endpoint(self.endpoint)
+        self._wake()
+        return dropped
 
     def forget_held(self) -> None:
         """Drop the read-ahead state (the store's copies were just dropped)."""
@@ -276,6 +295,8 @@ class Queue:
 
     def give_back(self, entries: list[SpoolEntry]) -> None:
         """Entries a flow held are available again, in id order, before new ones."""
+        if self.purged_through:
+            entries = [e for e in entries if e.message.id > self.purged_through]
         for entry in entries:
             i = bisect.bisect(self._returned_ids, entry.message.id)
             self._returned_ids.insert(i, entry.message.id)
@@ -423,6 +444,10 @@ class QueueFlow(Flow):
             queue._in_flight -= len(entries)
             queue.give_back(entries)
             raise
+        if queue.purged_through >= entries[0].message.id:  # purged while marking
+            kept = [e for e in entries if e.message.id > queue.purged_through]
+            queue._in_flight -= len(entries) - len(kept)
+            entries = kept
         if self.unbound:  # unbound while marking: they go back, flagged by the mark
             queue._in_flight -= len(entries)
             queue.give_back([SpoolEntry(e.message, e.delivery_count + 1) for e in entries])
@@ -441,9 +466,17 @@ class QueueFlow(Flow):
         message_id = message.message_id
         entry = self._unacked.pop(message_id, None) if message_id is not None else None
         if entry is None:
+            if message_id is not None and message_id <= self.queue.purged_through:
+                return  # purged while the application held it: nothing left to ack
             raise StateError(f"message {message_id!r} is not unacknowledged on flow {self.id}")
         self.queue._in_flight -= 1
         self.queue.ack_later(entry.message.id, len(entry.message.payload))
+
+    def forget_purged(self) -> None:
+        """Drop what it holds: the queue was purged (see :meth:`Queue.purge`)."""
+        self.queue._in_flight -= len(self._prefetched) + len(self._unacked)
+        self._prefetched.clear()
+        self._unacked.clear()
 
     def detach(self) -> None:
         """Unbind without waiting: everything held goes back to the queue for redelivery."""

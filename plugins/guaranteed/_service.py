@@ -267,6 +267,28 @@ class GuaranteedService(GuaranteedMessaging):
         self._forget(queue)
         await self.store.drop_endpoint(queue.endpoint)
 
+    async def purge_queue(self, name: str, *, vpn: str = "default") -> int:
+        """Delete every message the queue holds, in flight too; return how many."""
+        return await self.queue(name, vpn=vpn).purge()
+
+    def enable_queue(
+        self,
+        name: str,
+        *,
+        vpn: str = "default",
+        ingress: bool | None = None,
+        egress: bool | None = None,
+    ) -> None:
+        """Switch the queue's ingress and egress on or off (``None``: as it is)."""
+        queue = self.queue(name, vpn=vpn)
+        changes = {
+            key: value
+            for key, value in (("ingress_enabled", ingress), ("egress_enabled", egress))
+            if value is not None
+        }
+        queue.settings = attrs.evolve(queue.settings, **changes)  # validated: booleans only
+        queue._wake()  # flows waiting for egress look again
+
     def _forget(self, queue: Queue) -> None:
         for flow in list(queue.flows):
             flow.detach()
