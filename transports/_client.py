@@ -17,12 +17,11 @@ again against the node it reaches.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
 from typing import Any
@@ -33,12 +32,9 @@ import attrs
 
 from meshbus._egress import Egress
 from meshbus._messages import Message
-from meshbus._session import MessageHandler, as_bytes
-from meshbus._topics import parse_subscription, validate_topic
+from meshbus._session import MessageHandler
 from meshbus.errors import (
     AccessDeniedError,
-    InvalidTopicError,
-    LimitExceededError,
     MeshbusError,
     ProtocolError,
     StateError,
@@ -53,14 +49,12 @@ from ._dialing import ConnectSettings, Dialer, Target
 from ._framing import FrameKind
 from ._outgoing import (
     PUBLISH_OVERHEAD,
-    check_publish,
     encode_publishes,
-    send_header,
     send_refusal,
-    wire_options,
 )
 from ._protocol import ConnectionState, LinkProtocol
 from ._remote_flow import RemoteFlow, Request
+from ._session_calls import SessionCalls
 from ._settings import MAX_FRAME_SIZE
 from ._wire_errors import error_from
 
@@ -77,7 +71,7 @@ _OK = int(K.OK)
 _ERROR = int(K.ERROR)
 
 
-class RemoteSession:
+class RemoteSession(SessionCalls):
     """A session on a node reached over the network: the same calls as :class:`meshbus.Session`.
 
     Use it as ``async with connect(url, ...) as session:``; see :func:`connect`.
@@ -500,292 +494,6 @@ class RemoteSession:
     def _check_open(self) -> None:
         if self.closed or self._closing:
             raise StateError(f"remote session {self.client_name!r} is closed")
-
-    # --- the Session API ----------------------------------------------------------------
-
-    @property
-    def connected(self) -> bool:
-        """Whether the session is logged in now (``False`` while reconnecting)."""
-        return self._connected
-
-    @property
-    def subscriptions(self) -> tuple[str, ...]:
-        """The subscriptions this session holds (restored after each reconnect)."""
-        return tuple(self._subscriptions)
-
-    def publish(
-        self,
-        topic: str,
-        payload: bytes | bytearray | memoryview | str = b"",
-        *,
-        headers: Mapping[str, Any] | None = None,
-        eliding_eligible: bool = False,
-        reply_to: str | None = None,
-        correlation_id: str | None = None,
-        retain: bool = False,
-    ) -> None:
-        """Publish a direct message: buffered and written by a background task.
-
-        The node's refusal (ACL) arrives later: it is counted in :attr:`errors`
-        and raised by the next :meth:`confirm`.
-
-        :raises InvalidTopicError: the topic is not valid.
-        :raises PublishRejectedError: the headers are over :data:`meshbus.HEADER_LIMITS`,
-            or the message is larger than the node reads (``"too-large"``).
-        :raises TypeError: the headers are not JSON-serializable.
-        :raises LimitExceededError: more than ``max_send_buffer`` bytes are waiting to
-            be written (``await session.flush()`` and publish again).
-        :raises StateError: the session is closed.
-        """
-        protocol = self._protocol
-        if not self._connected or protocol is None:
-            self._check_open()
-            self.dropped += 1
-            return
-        if type(payload) is not bytes:
-            payload = as_bytes(payload)
-        if self._pending_bytes > self.settings.max_send_buffer:
-            raise LimitExceededError(
-                "the send buffer is full: await session.flush()", self.settings.max_send_buffer
-            )
-        if topic not in self._admitted:
-            validate_topic(topic)  # raises with the reason
-            if len(self._admitted) >= 4096:
-                self._admitted.clear()
-            self._admitted[topic] = None
-        size = len(payload)
-        if (
-            headers is None
-            and not eliding_eligible
-            and reply_to is None
-            and correlation_id is None
-            and not retain
-        ):
-            if size > self._publish_room:  # near the node's frame limit: measure the frame
-                check_publish(topic, payload, None, self.node_max_frame_size, self.url)
-            self._pending.append((topic, payload, None))
-        else:
-            options, extra = wire_options(headers, eliding_eligible, reply_to, correlation_id)
-            if retain:
-                options["rt"] = True
-                extra += 10
-            size += extra
-            if size > self._publish_room:
-                check_publish(topic, payload, options, self.node_max_frame_size, self.url)
-            self._pending.append((topic, payload, options))
-        self._pending_bytes += size
-        self.published += 1
-        self._kick.set()
-
-    async def flush(self) -> None:
-        """Wait until everything buffered so far has been written to the connection."""
-        self._check_open()
-        protocol = self._protocol
-        if self._connected and protocol is not None and (protocol.out or self._pending):
-            written = self._written
-            self._kick.set()
-            await written.wait()
-
-    async def confirm(self) -> None:
-        """Round trip to the node; raise the first error it reported since the last call.
-
-        Subscriptions, unsubscriptions and publishes are sent without waiting;
-        after ``await session.confirm()`` all of them sent before it were applied.
-        """
-        await self._request(K.REQUEST, {"what": "sync"})
-        if self._deferred:
-            error = self._deferred.popleft()
-            self._deferred.clear()
-            raise error
-
-    def subscribe(self, subscription: str) -> None:
-        """Add a subscription (kept across reconnects). The node's answer comes later:
-        a refusal is raised by :meth:`confirm`.
-
-        :raises InvalidTopicError: the subscription is not valid (checked here first).
-        """
-        self._check_open()
-        parse_subscription(subscription)
-        if subscription in self._subscriptions:
-            return
-        self._subscriptions[subscription] = None
-        request = Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
-        self._send_request(request)
-
-    def unsubscribe(self, subscription: str) -> None:
-        """Remove a subscription; removing one the session does not hold is a no-op
-        (as for :meth:`meshbus.Session.unsubscribe`)."""
-        self._check_open()
-        if subscription not in self._subscriptions:
-            return
-        del self._subscriptions[subscription]
-        request = Request((K.UNSUBSCRIBE, {"subscription": subscription}, b""))
-        self._send_request(request)
-
-    async def receive(self) -> Message:
-        """Wait for the next message. :raises StateError: closed, or ``on_message`` is set."""
-        if self._handler is not None or self._async_handler is not None:
-            raise StateError("this session delivers to its on_message handler")
-        message = self._egress.get_nowait()  # no await while messages are waiting
-        if message is None:
-            await self._write_before_waiting()
-            message = await self._egress.get()
-        self.delivered += 1
-        return message
-
-    async def _write_before_waiting(self) -> None:
-        """About to wait: write what is buffered now rather than in the writer's turn.
-
-        A request followed by a wait for its reply saves one scheduling pass this way,
-        and a second one on streams that can be written without an await.
-        """
-        connection = self._connection
-        if (
-            self._connected
-            and connection is not None
-            and (self._pending or connection.protocol.out)
-        ):
-            self._encode_pending()
-            if connection.flush_nowait():  # no scheduling pass, where the stream allows
-                return
-            with contextlib.suppress(TransportError):  # the reader sees it too, and reconnects
-                await connection.flush()
-
-    def receive_nowait(self) -> Message | None:
-        """The next waiting message, or ``None``."""
-        message = self._egress.get_nowait()
-        if message is not None:
-            self.delivered += 1
-        return message
-
-    def __aiter__(self) -> RemoteSession:
-        return self
-
-    async def __anext__(self) -> Message:
-        try:
-            return await self.receive()
-        except StateError:
-            if self.closed:
-                raise StopAsyncIteration from None
-            raise
-
-    async def send(
-        self,
-        topic: str,
-        payload: bytes | bytearray | memoryview | str = b"",
-        *,
-        persistent: bool = True,
-        headers: Mapping[str, Any] | None = None,
-        ttl: float | None = None,
-        eliding_eligible: bool = False,
-        reply_to: str | None = None,
-        correlation_id: str | None = None,
-        retain: bool = False,
-    ) -> None:
-        """Publish a guaranteed message; returns once the node holds it (SPEC 4).
-
-        :raises PublishRejectedError: the node refused it, or it is larger than the
-            node reads (refused here, ``"too-large"``), or its headers are over
-            :data:`meshbus.HEADER_LIMITS`.
-        """
-        validate_topic(topic)
-        header = send_header(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id)
-        header["topic"] = topic
-        if retain:
-            header["rt"] = True
-        await self._request(K.SEND, header, as_bytes(payload))
-
-    async def send_to_queue(
-        self,
-        queue: str,
-        payload: bytes | bytearray | memoryview | str = b"",
-        *,
-        persistent: bool = True,
-        headers: Mapping[str, Any] | None = None,
-        ttl: float | None = None,
-        reply_to: str | None = None,
-        correlation_id: str | None = None,
-    ) -> None:
-        """Publish a guaranteed message to one queue by name."""
-        header = send_header(persistent, headers, ttl, False, reply_to, correlation_id)
-        header["queue"] = queue
-        await self._request(K.SEND, header, as_bytes(payload))
-
-    async def send_many(
-        self,
-        messages: Iterable[tuple[str, bytes | bytearray | memoryview | str]],
-        *,
-        persistent: bool = True,
-        headers: Mapping[str, Any] | None = None,
-        ttl: float | None = None,
-    ) -> list[Exception | None]:
-        """Publish many guaranteed messages, pipelined; one result per message, in order."""
-        self._check_open()
-        base = send_header(persistent, headers, ttl, False, None, None)
-        requests: list[Request | Exception] = []
-        for topic, payload in messages:
-            try:
-                validate_topic(topic)
-            except InvalidTopicError as exc:
-                requests.append(exc)
-                continue
-            request = Request((K.SEND, {**base, "topic": topic}, as_bytes(payload)))
-            self._send_request(request)
-            requests.append(request)
-        results: list[Exception | None] = []
-        for request in requests:
-            if isinstance(request, Exception):
-                results.append(request)
-                continue
-            await request.done.wait()
-            result = request.result
-            results.append(result if isinstance(result, MeshbusError) else None)
-        return results
-
-    async def bind(self, queue: str, *, window: int = 255) -> RemoteFlow:
-        """Bind a flow to a queue on the node (re-bound after each reconnect)."""
-        return await self._bind_flow({"queue": queue, "window": window}, window)
-
-    async def bind_topic_endpoint(
-        self, endpoint: str, subscription: str, *, window: int = 255
-    ) -> RemoteFlow:
-        """Bind a flow to a topic endpoint on the node, naming its subscription."""
-        bind = {"endpoint": endpoint, "subscription": subscription, "window": window}
-        return await self._bind_flow(bind, window)
-
-    async def _bind_flow(self, bind: dict[str, Any], window: int) -> RemoteFlow:
-        self._check_open()
-        flow = RemoteFlow(self, bind, window)
-        request = Request((K.BIND, bind, b""), flow)
-        self._send_request(request)
-        await request.done.wait()
-        if isinstance(request.result, MeshbusError):
-            raise request.result
-        if not flow.number:
-            raise ProtocolError("BIND answer has no flow number")
-        self._flow_list.append(flow)
-        return flow
-
-    async def call(
-        self, service: str, args: dict[str, Any] | None = None, body: bytes = b""
-    ) -> tuple[dict[str, Any], bytes]:
-        """Call a service a plugin on the node provides (:meth:`meshbus.Node.provide_service`)
-        with ``args`` (a JSON object) and ``body``; the answer's fields and body.
-
-        :raises MeshbusError: the error the service raised (``StateError``: no such service).
-        """
-        header = {"what": "call", "service": service, "args": args or {}}
-        return await self._answer(K.REQUEST, header, body)
-
-    async def node_statistics(self) -> dict[str, Any]:
-        """The node's statistics as ``meshbus stats`` prints them: this session's VPN,
-        or, for a username with the management role, also the node's totals, every
-        VPN and every listener."""
-        result = await self._request(K.REQUEST, {"what": "stats"})
-        stats = result.get("result")
-        if not isinstance(stats, dict):
-            raise ProtocolError("statistics answer is malformed")
-        return stats
 
 
 def connect(
