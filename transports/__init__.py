@@ -18,6 +18,13 @@ from ._events import Advertise
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._link import WireLink, open_link
 from ._memory import MemoryListener, MemoryNetwork, MemoryStream
+from ._metrics import (
+    DEFAULT_METRICS_PORT,
+    MetricsEndpoint,
+    MetricsSettings,
+    NodeCollector,
+    serve_metrics,
+)
 from ._protocol import PROTOCOL_VERSION, ConnectionState, LinkProtocol, Role
 from ._remote_flow import RemoteFlow
 from ._server import (
@@ -40,6 +47,7 @@ from ._settings import (
 from ._streams import MemoryByteStream, connect_stream, memory_stream_pair, parse_url
 
 __all__ = [
+    "DEFAULT_METRICS_PORT",
     "DEFAULT_PORT",
     "DEFAULT_TLS_PORT",
     "MAX_FRAME_SIZE",
@@ -58,6 +66,9 @@ __all__ = [
     "MemoryListener",
     "MemoryNetwork",
     "MemoryStream",
+    "MetricsEndpoint",
+    "MetricsSettings",
+    "NodeCollector",
     "RemoteFlow",
     "RemoteSession",
     "Role",
@@ -80,6 +91,7 @@ __all__ = [
     "peer_name",
     "read_backoff_table",
     "servers_of",
+    "serve_metrics",
     "read_listener_tls_table",
     "read_tls_table",
     "start_server",
