@@ -204,6 +204,10 @@ class _WithoutHopCount(Flow):
     async def receive(self) -> Message:
         return _hidden(await self._flow.receive())
 
+    def receive_nowait(self) -> Message | None:
+        message = self._flow.receive_nowait()
+        return None if message is None else _hidden(message)
+
     def ack(self, message: Message) -> None:
         self._flow.ack(message)
 

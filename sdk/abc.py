@@ -85,6 +85,14 @@ class Flow(ABC):
         """Wait for the next message (at most ``window`` can be unacknowledged)."""
 
     @abstractmethod
+    def receive_nowait(self) -> Message | None:
+        """The next message the flow holds for the application, or ``None`` at once.
+
+        Never waits: a flow that holds nothing asks the node for more in the
+        background, so a later call finds what has come meanwhile.
+        """
+
+    @abstractmethod
     def ack(self, message: Message) -> None:
         """Acknowledge ``message``: the spool deletes it once every holder has acked."""
 

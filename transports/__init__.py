@@ -39,6 +39,7 @@ from ._server import (
 )
 from ._settings import (
     DEFAULT_PORT,
+from ._session_calls import RemoteSessionStatistics
     DEFAULT_TLS_PORT,
     MAX_FRAME_SIZE,
     ListenerSettings,
@@ -76,6 +77,7 @@ __all__ = [
     "ServerStatistics",
     "Remote",
     "Target",
+    "RemoteSessionStatistics",
     "TlsSettings",
     "WireLink",
     "accept_stream",

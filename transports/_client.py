@@ -356,6 +356,8 @@ class RemoteSession(SessionCalls):
                 # Refused: forget it (not restored) and report it at confirm().
                 self._subscriptions.pop(request.frame[1]["subscription"], None)
                 self._defer(error)
+            elif request.deferred and not self.closed:
+                self._defer(error)
             elif request.flow is not None and request.flow in self._flow_list:
                 log.warning("could not bind %r again: %s", request.flow, error)
                 self._flow_list.remove(request.flow)

@@ -42,6 +42,7 @@ __all__ = [
     "Request",
     "Send",
     "Subscribe",
+    "SubscribeFor",
     "Unbind",
     "Unsubscribe",
     "Welcome",
@@ -296,6 +297,18 @@ class Request:
 
 
 @attrs.frozen
+class SubscribeFor:
+    """A subscription manager adds (``add``) or removes a subscription of another
+    session of its VPN, by that session's client name: a ``REQUEST`` whose ``what``
+    is ``"subscribe_for"`` or ``"unsubscribe_for"``; answered by OK or ERROR."""
+
+    id: int
+    client_name: str
+    subscription: str
+    add: bool
+
+
+@attrs.frozen
 class Ok:
     """A request succeeded; ``result`` holds what else the answer carries."""
 
@@ -366,6 +379,7 @@ Event = (
     | Ack
     | FlowClosed
     | Request
+    | SubscribeFor
     | Ok
     | ErrorAnswer
     | Advertise
@@ -528,6 +542,22 @@ def _flow_closed(header: dict[str, Any]) -> FlowClosed:
     return FlowClosed(header.get("flow"), reason if type(reason) is str else "")
 
 
+_FOR = {"subscribe_for": True, "unsubscribe_for": False}
+
+
+def _request(header: dict[str, Any]) -> Request | SubscribeFor:
+    request = _request_id(header, "REQUEST")
+    what = header.get("what")
+    if type(what) is str and what in _FOR:
+        return SubscribeFor(
+            request,
+            _text(header, "client", f"REQUEST {what}"),
+            _text(header, "subscription", f"REQUEST {what}"),
+            _FOR[what],
+        )
+    return Request(request, what, header.get("service"), header.get("args"))
+
+
 def _ok(header: dict[str, Any]) -> Ok:
     return Ok(header.get("id"), {k: v for k, v in header.items() if k != "id"})
 
@@ -573,9 +603,7 @@ _DECODERS: dict[int, Callable[[dict[str, Any]], Any]] = {
     K.UNBIND: lambda header: Unbind(_request_id(header, "UNBIND"), header.get("flow")),
     K.ACK: _ack,
     K.FLOW_CLOSED: _flow_closed,
-    K.REQUEST: lambda h: Request(
-        _request_id(h, "REQUEST"), h.get("what"), h.get("service"), h.get("args")
-    ),
+    K.REQUEST: _request,
     K.OK: _ok,
     K.ERROR: _error,
     K.ADVERTISE: _advertise,

@@ -621,6 +621,8 @@ class WireLink(Advertising, Link):
                 if event.what != "sync":
                     raise StateError(f"unknown request {event.what!r}")
                 answers.ok(request)
+            elif isinstance(event, ev.SubscribeFor):
+                raise StateError("a link has no sessions to subscribe for")
         except (MeshbusError, TypeError, ValueError) as exc:
             answers.error(request, exc)
 

@@ -25,12 +25,18 @@ K = FrameKind
 class Request:
     """A frame sent to the node and, once it answers, the answer."""
 
-    __slots__ = ("body", "done", "flow", "frame", "result")
+    __slots__ = ("body", "deferred", "done", "flow", "frame", "result")
 
     def __init__(
-        self, frame: tuple[FrameKind, dict[str, Any], bytes], flow: RemoteFlow | None = None
+        self,
+        frame: tuple[FrameKind, dict[str, Any], bytes],
+        flow: RemoteFlow | None = None,
+        *,
+        deferred: bool = False,
     ) -> None:
         self.frame = frame
+        #: Nobody awaits the answer: a refusal is raised by the session's next ``confirm()``.
+        self.deferred = deferred
         #: For a BIND: the flow the answer's number is for (registered as the answer is read,
         #: so deliveries read in the same chunk find it).
         self.flow = flow
@@ -71,6 +77,18 @@ class RemoteFlow(Flow):
                 raise StateError(f"flow on {self._bind.get('queue') or self._bind['endpoint']!r}")
             self._arrived = anyio.Event()
             await self._arrived.wait()
+        return self._hand_out()
+
+    def receive_nowait(self) -> Message | None:
+        """The next message the node has sent this flow, or ``None`` (the node sends
+        within the window by itself: nothing needs to be asked for)."""
+        if not self._messages:
+            if self.unbound:
+                raise StateError(f"flow on {self._bind.get('queue') or self._bind['endpoint']!r}")
+            return None
+        return self._hand_out()
+
+    def _hand_out(self) -> Message:
         message = self._messages.popleft()
         assert message.message_id is not None
         self._delivered.add(message.message_id)

@@ -12,6 +12,8 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
+import attrs
+
 from meshbus._egress import Egress
 from meshbus._messages import Message
 from meshbus._session import as_bytes
@@ -35,9 +37,42 @@ if TYPE_CHECKING:
     from ._dialing import ConnectSettings
     from ._protocol import LinkProtocol
 
-__all__ = ["SessionCalls"]
+__all__ = ["RemoteSessionStatistics", "SessionCalls"]
 
 K = FrameKind
+
+
+@attrs.frozen
+class RemoteSessionStatistics:
+    """The counters of a :class:`~meshbus.transports.RemoteSession`, as the client
+    keeps them (see :meth:`~meshbus.transports.RemoteSession.statistics`)."""
+
+    published: int
+    """Direct messages published while connected."""
+    delivered: int
+    """Direct messages handed to the application (``receive`` or ``on_message``)."""
+    dropped: int
+    """Direct messages published while disconnected (dropped: at most once)."""
+    errors: int
+    """Refusals the node reported for calls nobody awaited (publishes, subscriptions)."""
+    handler_errors: int
+    """Exceptions raised by the ``on_message`` handler."""
+    discarded: int
+    """Messages the session's own buffer discarded, its oldest first, when full."""
+    buffered_messages: int
+    """Messages waiting in the session's buffer for the application."""
+    buffered_bytes: int
+    """Their bytes."""
+    subscriptions: int
+    """Subscriptions held (restored after each reconnect)."""
+    flows: int
+    """Flows bound (bound again after each reconnect)."""
+    connected: bool
+    """Whether it is logged in now."""
+    connects: int
+    """Logins, the first one and each reconnect's."""
+    connect_failures: int
+    """Reconnect attempts that failed."""
 
 
 class SessionCalls:
@@ -67,6 +102,10 @@ class SessionCalls:
     published: int
     delivered: int
     dropped: int
+    errors: int
+    handler_errors: int
+    connects: int
+    connect_failures: int
 
     if TYPE_CHECKING:  # RemoteSession's, over its connection
 
@@ -188,6 +227,37 @@ class SessionCalls:
         self._subscriptions[subscription] = None
         request = Request((K.SUBSCRIBE, {"subscription": subscription}, b""))
         self._send_request(request)
+
+    def subscribe_for(self, client_name: str, subscription: str) -> None:
+        """As a subscription manager, add a subscription to another session of this
+        VPN, named by its client name (see :meth:`meshbus.Session.subscribe_for`).
+
+        The node applies it with this session's ACL profile, as for an in-process
+        manager; the subscription then belongs to the target session (it is not
+        restored by this one after a reconnect). Sent without waiting, as
+        :meth:`subscribe` is: a refusal (:class:`~meshbus.errors.AccessDeniedError`,
+        not a manager or denied by the ACL; :class:`~meshbus.errors.StateError`, no
+        such session; :class:`~meshbus.errors.LimitExceededError`) is raised by the
+        next :meth:`confirm`.
+
+        :raises InvalidTopicError: the subscription is not valid (checked here first).
+        :raises StateError: this session is closed.
+        """
+        self._check_open()
+        parse_subscription(subscription)
+        self._send_for("subscribe_for", client_name, subscription)
+
+    def unsubscribe_for(self, client_name: str, subscription: str) -> None:
+        """As a subscription manager, remove a subscription from another session;
+        sent without waiting, a refusal is raised by the next :meth:`confirm`."""
+        self._check_open()
+        self._send_for("unsubscribe_for", client_name, subscription)
+
+    def _send_for(self, what: str, client_name: str, subscription: str) -> None:
+        if type(client_name) is not str:
+            raise TypeError(f"client_name must be a str, not {type(client_name).__name__}")
+        header = {"what": what, "client": client_name, "subscription": subscription}
+        self._send_request(Request((K.REQUEST, header, b""), deferred=True))
 
     def unsubscribe(self, subscription: str) -> None:
         """Remove a subscription; removing one the session does not hold is a no-op
@@ -353,6 +423,30 @@ class SessionCalls:
         """
         header = {"what": "call", "service": service, "args": args or {}}
         return await self._answer(K.REQUEST, header, body)
+
+    def statistics(self) -> RemoteSessionStatistics:
+        """A snapshot of this session's own counters, as the client counts them.
+
+        These are the client's figures (what it published, took from its buffer,
+        dropped while away, ...). The node's view of the session's VPN is
+        ``await`` :meth:`node_statistics`.
+        """
+        egress = self._egress
+        return RemoteSessionStatistics(
+            published=self.published,
+            delivered=self.delivered,
+            dropped=self.dropped,
+            errors=self.errors,
+            handler_errors=self.handler_errors,
+            discarded=egress.discarded,
+            buffered_messages=len(egress),
+            buffered_bytes=egress.bytes,
+            subscriptions=len(self._subscriptions),
+            flows=len(self._flow_list),
+            connected=self._connected,
+            connects=self.connects,
+            connect_failures=self.connect_failures,
+        )
 
     async def node_statistics(self) -> dict[str, Any]:
         """The node's statistics as ``meshbus stats`` prints them: this session's VPN,

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from ._service import GuaranteedService
 
 __all__ = ["Queue", "QueueFlow", "endpoints_of", "message_meta"]
+
+log = logging.getLogger("meshbus.guaranteed")
 
 _PAGE = 256  # messages read ahead from the store per refill
 # Acks are committed in batches of this many, or when a flow runs out of messages
@@ -380,6 +383,7 @@ class QueueFlow(Flow):
         self._prefetched: deque[SpoolEntry] = deque()
         self._unacked: dict[int, SpoolEntry] = {}  # handed to the application
         self._hungry = False  # in receive() with room: its turn counts (non-exclusive)
+        self._filling = False  # a task fetches messages for receive_nowait()
         self.unbound = False
 
     def __repr__(self) -> str:
@@ -410,22 +414,96 @@ class QueueFlow(Flow):
                     await self._prefetch(room)
             if self._prefetched and not self.unbound:
                 entry = self._prefetched.popleft()
-                if self._expired(entry):
-                    await self._drop(entry, "ttl")
+                unfit = self._unfit(entry)
+                if unfit is not None:
+                    await self._drop(entry, unfit)
                     continue
-                limit = queue.settings.max_redelivery
-                if limit and entry.delivery_count > limit:
-                    await self._drop(entry, "redelivery")
-                    continue
-                self._unacked[entry.message.id] = entry
-                queue.delivered += 1
-                if entry.delivery_count:
-                    queue.redelivered += 1
-                return _to_message(entry, queue)
+                return self._hand_out(entry)
             await queue.flush_acks()  # nothing to hand out: a good moment to commit acks
             if self._prefetched or self.unbound:
                 continue
             await queue.wait(seen)
+
+    def _unfit(self, entry: SpoolEntry) -> str | None:
+        """Why ``entry`` is disposed of rather than handed out (``"ttl"``,
+        ``"redelivery"``), or ``None``."""
+        if self._expired(entry):
+            return "ttl"
+        limit = self.queue.settings.max_redelivery
+        if limit and entry.delivery_count > limit:
+            return "redelivery"
+        return None
+
+    def _hand_out(self, entry: SpoolEntry) -> Message:
+        queue = self.queue
+        self._unacked[entry.message.id] = entry
+        queue.delivered += 1
+        if entry.delivery_count:
+            queue.redelivered += 1
+        return _to_message(entry, queue)
+
+    def receive_nowait(self) -> Message | None:
+        """The next message this flow has fetched, or ``None`` without waiting.
+
+        Messages are marked delivered in the store before the application sees them,
+        which takes an await; so a flow with nothing fetched starts a task of the
+        node that fetches up to its window (waiting for messages if the queue has
+        none), and a later call hands out what it fetched.
+
+        :raises StateError: the flow is unbound.
+        """
+        if self.unbound:
+            raise StateError(f"flow {self.id} on queue {self.queue.settings.name!r} is unbound")
+        message = None
+        while self._prefetched:
+            entry = self._prefetched.popleft()
+            unfit = self._unfit(entry)
+            if unfit is None:
+                message = self._hand_out(entry)
+                break
+            self._spawn(self._drop, entry, unfit)
+        if not self._prefetched:
+            self._fill_soon()
+        return message
+
+    def _spawn(self, job: Callable[..., Awaitable[None]], *args: Any) -> None:
+        async def run() -> None:
+            try:
+                await job(*args)
+            except Exception:  # a store failure: the next receive_nowait() tries again
+                log.exception("flow %d on queue %r failed", self.id, self.queue.endpoint)
+
+        self.session.node.task_group.start_soon(run)
+
+    def _fill_soon(self) -> None:
+        if not self._filling:
+            self._filling = True
+            self._spawn(self._fill)
+
+    async def _fill(self) -> None:
+        """Fetch messages for :meth:`receive_nowait`, as :meth:`receive` would, without
+        handing one out; wait for some if the queue has none for this flow now."""
+        queue = self.queue
+        try:
+            while not self.unbound and not self._prefetched:
+                seen = queue.version
+                if len(queue._pending_acks) >= _ACK_BATCH:
+                    await queue.flush_acks()
+                room = self.window - len(self._unacked)
+                if queue.settings.access_type is AccessType.NON_EXCLUSIVE:
+                    room = min(room, 1)
+                    self._hungry = room > 0
+                if room > 0 and queue.may_deliver_to(self):
+                    await self._prefetch(room)
+                if self._prefetched or self.unbound:
+                    break
+                await queue.flush_acks()  # nothing to fetch: a good moment to commit acks
+                await queue.wait(seen)
+        finally:
+            self._filling = False
+            if self._hungry:
+                self._hungry = False
+                queue._wake()
 
     async def _prefetch(self, room: int) -> None:
         queue = self.queue

@@ -104,7 +104,9 @@ json_scalars = (
     | st.integers(min_value=-3, max_value=70_000)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=12)
-    | st.sampled_from(["", "a/b", "fuzz/x", ">", "a/*", "#share/g/a", "q1", "sync", "stats"])
+    | st.sampled_from(
+        ["", "a/b", "fuzz/x", ">", "a/*", "#share/g/a", "q1", "sync", "stats", "subscribe_for"]
+    )
 )
 json_values = st.recursive(
     json_scalars,
@@ -122,7 +124,7 @@ KEYS = {
     K.BIND: ("id", "queue", "endpoint", "subscription", "window"),
     K.UNBIND: ("id", "flow"),
     K.ACK: ("flow", "ids"),
-    K.REQUEST: ("id", "what"),
+    K.REQUEST: ("id", "what", "client", "subscription"),
     K.CLOSE: ("reason",),
     K.PING: ("id",),
     K.PONG: ("id",),
@@ -190,6 +192,15 @@ def valid_frames() -> st.SearchStrategy[bytes]:
             lambda i, w: encode_frame(K.REQUEST, {"id": i, "what": w}),
             requests,
             st.sampled_from(["sync", "stats", "nothing"]),
+        ),
+        st.builds(
+            lambda i, w, c, s: encode_frame(
+                K.REQUEST, {"id": i, "what": w, "client": c, "subscription": s}
+            ),
+            requests,
+            st.sampled_from(["subscribe_for", "unsubscribe_for"]),
+            st.sampled_from(["healthy", "nobody", ""]),
+            names,
         ),
         st.just(encode_frame(K.PING, {})),
         st.just(encode_frame(K.PONG, {})),

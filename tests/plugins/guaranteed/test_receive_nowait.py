@@ -1,0 +1,128 @@
+"""``Flow.receive_nowait`` on queues: what a flow has fetched, without waiting.
+
+A flow with nothing fetched fetches in the background (the store marks messages
+delivered first, which takes an await), so these tests poll, yielding to the
+event loop between looks; no wall-clock sleeps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.lowlevel import checkpoint
+
+from meshbus import Message, Node, StateError
+from meshbus.abc import Flow
+
+from ._helpers import PLUGINS, receive, service
+
+
+async def poll(flow: Flow) -> Message:
+    """The next message ``receive_nowait`` hands out, looking until one comes."""
+    with anyio.fail_after(5):
+        while (message := flow.receive_nowait()) is None:
+            await checkpoint()
+    return message
+
+
+async def test_a_fresh_flow_has_nothing_at_once_then_fetches_in_order(
+    data_dir: Path | None,
+) -> None:
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
+        service(node).create_queue("q")
+        session = node.connect()
+        for i in range(5):
+            await session.send_to_queue("q", str(i))
+        flow = await session.bind("q", window=3)
+        assert flow.receive_nowait() is None  # nothing fetched yet: it never waits
+        got = [await poll(flow) for _ in range(3)]
+        assert [m.payload for m in got] == [b"0", b"1", b"2"]
+        assert flow.receive_nowait() is None  # the window is full of unacked messages
+        for message in got:
+            flow.ack(message)
+        rest = [await poll(flow) for _ in range(2)]
+        assert [m.payload for m in rest] == [b"3", b"4"]
+        assert all(not m.redelivered for m in got + rest)
+        stats = service(node).queue("q").statistics()
+        assert (stats.delivered, stats.acked) == (5, 3)
+
+
+async def test_after_receive_the_rest_of_the_window_is_there_at_once() -> None:
+    async with Node(plugins=PLUGINS) as node:
+        service(node).create_queue("q")
+        session = node.connect()
+        for i in range(4):
+            await session.send_to_queue("q", str(i))
+        flow = await session.bind("q", window=4)
+        first = await receive(flow)  # fetched all four, handed out one
+        following = [flow.receive_nowait() for _ in range(3)]
+        assert [m.payload for m in [first, *following] if m is not None] == [
+            b"0",
+            b"1",
+            b"2",
+            b"3",
+        ]
+
+
+async def test_an_empty_queue_is_waited_on_in_the_background() -> None:
+    async with Node(plugins=PLUGINS) as node:
+        service(node).create_queue("q")
+        session = node.connect()
+        flow = await session.bind("q")
+        assert flow.receive_nowait() is None
+        await session.send_to_queue("q", "late")
+        assert (await poll(flow)).payload == b"late"
+
+
+async def test_acks_of_a_flow_that_only_polls_are_committed(data_dir: Path | None) -> None:
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
+        service(node).create_queue("q")
+        session = node.connect()
+        for i in range(3):
+            await session.send_to_queue("q", str(i))
+        flow = await session.bind("q")
+        for _ in range(3):
+            flow.ack(await poll(flow))
+        store = service(node).store
+        with anyio.fail_after(5):
+            # The next look finds nothing and commits the acks before it waits.
+            while flow.receive_nowait() is None and store.stats("default/q").messages:
+                await checkpoint()
+        assert store.stats("default/q").messages == 0
+
+
+async def test_unacked_messages_go_back_when_the_flow_unbinds() -> None:
+    async with Node(plugins=PLUGINS) as node:
+        service(node).create_queue("q")
+        session = node.connect()
+        await session.send_to_queue("q", "once")
+        flow = await session.bind("q")
+        assert (await poll(flow)).payload == b"once"
+        await flow.unbind()
+        with pytest.raises(StateError, match="unbound"):
+            flow.receive_nowait()
+        again = await session.bind("q")
+        message = await poll(again)
+        assert (message.payload, message.redelivered) == (b"once", True)
+
+
+async def test_a_polling_flow_takes_its_turn_beside_a_waiting_one() -> None:
+    async with Node(plugins=PLUGINS) as node:
+        service(node).create_queue("q", access_type="non-exclusive")
+        session = node.connect()
+        polling = await session.bind("q")
+        waiting = await session.bind("q")
+        assert polling.receive_nowait() is None  # it waits in the background from now on
+        async with anyio.create_task_group() as tg:
+            got: list[Message] = []
+
+            async def other() -> None:
+                got.append(await receive(waiting))
+
+            tg.start_soon(other)
+            for i in range(2):
+                await session.send_to_queue("q", str(i))
+            mine = await poll(polling)
+        assert {mine.payload, got[0].payload} == {b"0", b"1"}
