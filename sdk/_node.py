@@ -124,6 +124,9 @@ class Node:
         self._stack: AsyncExitStack | None = None
         self._lifespans: AsyncExitStack | None = None
         self._used = False
+        #: When the node started, on :attr:`clock`'s ``monotonic()`` scale (for its
+        #: uptime); ``None`` before it starts.
+        self.started: float | None = None
         self.plugins.configure(self)
         self.create_vpn("default")
 
@@ -333,6 +336,7 @@ class Node:
         if self._used:
             raise StateError("a Node can be started only once; create a new one")
         self._used = True
+        self.started = self.clock.monotonic()
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:

@@ -17,6 +17,7 @@ from ._dialing import ConnectSettings, Remote, Target
 from ._events import Advertise
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._link import WireLink, open_link
+from ._management import MANAGEMENT_SERVICE, Management
 from ._memory import MemoryListener, MemoryNetwork, MemoryStream
 from ._metrics import (
     DEFAULT_METRICS_PORT,
@@ -27,6 +28,7 @@ from ._metrics import (
 )
 from ._protocol import PROTOCOL_VERSION, ConnectionState, LinkProtocol, Role
 from ._remote_flow import RemoteFlow
+from ._remote_management import RemoteManagement
 from ._server import (
     Server,
     ServerStatistics,
@@ -51,6 +53,7 @@ __all__ = [
     "DEFAULT_METRICS_PORT",
     "DEFAULT_PORT",
     "DEFAULT_TLS_PORT",
+    "MANAGEMENT_SERVICE",
     "MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
     "READ_HIGH_WATER",
@@ -63,6 +66,7 @@ __all__ = [
     "LinkProtocol",
     "ConnectionState",
     "ListenerSettings",
+    "Management",
     "MemoryByteStream",
     "MemoryListener",
     "MemoryNetwork",
@@ -71,6 +75,7 @@ __all__ = [
     "MetricsSettings",
     "NodeCollector",
     "RemoteFlow",
+    "RemoteManagement",
     "RemoteSession",
     "Role",
     "Server",

@@ -38,6 +38,7 @@ from ._asyncio_tcp import adopt_tcp_stream
 from ._compression import ALGORITHMS
 from ._connection import Connection
 from ._link import WireLink
+from ._management import provide_management
 from ._protocol import LinkProtocol, Role
 from ._serving import WRITE_THROUGH, ServedSession, WriteThrough
 from ._settings import ListenerSettings
@@ -476,7 +477,9 @@ async def start_server(
 ) -> Server:
     """Start a listener for remote sessions (and links) in ``node`` (which must be running).
 
-    It stops with the node, or earlier with :meth:`Server.aclose`.
+    It stops with the node, or earlier with :meth:`Server.aclose`. The node's first
+    listener also serves the management API to usernames with the management role
+    (see :class:`Management`).
 
     :param listener: accept connections from this listener (a
         :class:`MemoryNetwork`'s, say) instead of binding ``settings.host`` and
@@ -485,6 +488,7 @@ async def start_server(
     :raises TransportError: the address cannot be bound.
     """
     server = Server(node, settings if settings is not None else ListenerSettings(), listener)
+    provide_management(node)  # for remote sessions with the management role
     await node.task_group.start(server._run)
     node.stash.setdefault(SERVERS, []).append(server)
     return server

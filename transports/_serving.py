@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
     from ._connection import Connection
 
-__all__ = ["WRITE_THROUGH", "ServedSession", "WriteThrough", "Writer"]
+__all__ = ["SERVED", "WRITE_THROUGH", "ServedSession", "WriteThrough", "Writer"]
 
 log = logging.getLogger("meshbus.transports")
 
@@ -149,6 +149,9 @@ class ServedSession:
         self._write_through = write_through if write_through is not None else WriteThrough()
         #: In its node's write-through list already (see :class:`WriteThrough`).
         self.marked = False
+        #: When the client logged in, in wall-clock seconds of the node's clock.
+        self.since = session.node.clock.time()
+        session.stash[SERVED] = self  # the management API finds connections this way
         if connection.writes_nowait:
             session.egress.on_ready = self._on_ready
 
@@ -560,3 +563,6 @@ def _send_options(send: ev.Send) -> dict[str, Any]:
 
 WRITE_THROUGH: StashKey[WriteThrough] = StashKey()
 """The node's :class:`WriteThrough`, shared by its listeners' connections and its links."""
+
+SERVED: StashKey[ServedSession] = StashKey()
+"""A session's :class:`ServedSession` (``session.stash``), when a listener serves it."""

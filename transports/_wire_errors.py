@@ -7,6 +7,7 @@ from typing import Any
 
 from meshbus.errors import (
     AccessDeniedError,
+    ConfigurationError,
     InvalidTopicError,
     LimitExceededError,
     MeshbusError,
@@ -24,6 +25,7 @@ _ERROR_CODES: tuple[tuple[type[Exception], str], ...] = (
     (LimitExceededError, "limit-exceeded"),
     (StateError, "state"),
     (ProtocolError, "protocol"),
+    (ConfigurationError, "configuration"),  # a bad setting a call gave (window, queue)
 )
 
 
@@ -55,6 +57,7 @@ _CODES: dict[str, type[MeshbusError]] = {
     "limit-exceeded": LimitExceededError,
     "state": StateError,
     "protocol": ProtocolError,
+    "configuration": ConfigurationError,
 }
 
 
