@@ -23,6 +23,11 @@ every key not marked required)::
     minimum_version = "TLSv1.2"           # or "TLSv1.3"
     ciphers = "ECDHE+AESGCM"              # OpenSSL cipher list for TLS 1.2
 
+    [metrics]                    # a Prometheus endpoint with /healthz and /readyz (default:
+    listen = "127.0.0.1:9464"    # none); keys: the fields of MetricsSettings (listen,
+                                 # request_timeout, max_connections, max_request_size);
+                                 # needs the 'metrics' extra (prometheus_client)
+
     [vpns.NAME]                  # default: one VPN "default" with authentication "none"
     authentication = "basic"     # "none" | "basic" | "client-certificate"
     [vpns.NAME.client_profiles.PROFILE]   # keys: the fields of meshbus.ClientProfile

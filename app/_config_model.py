@@ -104,6 +104,9 @@ class NodeConfig:
     """The node's VPNs: it has no others."""
     sections: tuple[tuple[ConfigSection, Any], ...] = ()
     """The plugins' node-wide tables and what they read there."""
+    metrics: Any = None
+    """``meshbus.transports.MetricsSettings`` of the metrics endpoint (the ``[metrics]``
+    table), or ``None`` for none."""
 
     def section(self, name: str) -> Any:
         """What the node-wide plugin table ``name`` holds, or ``None``."""

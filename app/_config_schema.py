@@ -30,7 +30,13 @@ from meshbus import (
 from meshbus._plugins import compose
 from meshbus._profiles import check_identity
 from meshbus._vpn import AUTHENTICATION_SCHEMES
-from meshbus.transports import DEFAULT_TLS_PORT, ListenerSettings, read_listener_tls_table
+from meshbus.transports import (
+    DEFAULT_TLS_PORT,
+    ListenerSettings,
+    MetricsSettings,
+    read_listener_tls_table,
+)
+from meshbus.transports._metrics import prometheus_missing
 
 from ._config_model import NodeConfig, UserConfig, VpnConfig
 from ._config_values import _BAD, _choice, _describe, _join, _suggest, _ValueChecker
@@ -89,7 +95,7 @@ class _Checker(_ValueChecker):
             return None
         raw_node = document.get("node", {})
         self.loaded = self.loaded_plugins(_names(raw_node, "plugins"), _names(raw_node, "block"))
-        self.section_keys(document, "", "node", ("node", "listeners", "vpns"))
+        self.section_keys(document, "", "node", ("node", "listeners", "vpns", "metrics"))
         node = self.table(raw_node, "node") or {}
         self.keys(node, "node", _NODE_KEYS)
         name = self.node_name(node)
@@ -103,6 +109,7 @@ class _Checker(_ValueChecker):
             for item in raw
         )
         vpns = self.vpns(document.get("vpns"))
+        metrics = self.metrics(document.get("metrics"))
         sections = self.read_sections(document, "", "node", None)
         if self.problems or name is None or data_dir is None:
             return None
@@ -116,6 +123,7 @@ class _Checker(_ValueChecker):
             listeners=listeners,
             vpns=vpns,
             sections=sections,
+            metrics=metrics,
         )
 
     # --- plugins' tables ---------------------------------------------------------------
@@ -294,6 +302,19 @@ class _Checker(_ValueChecker):
 
     def tls(self, raw: object, path: str) -> Any:
         return read_listener_tls_table(self, raw, path)
+
+    def metrics(self, raw: object) -> Any:
+        """The ``[metrics]`` table: the keys of ``MetricsSettings``; ``None`` without one."""
+        if raw is None:
+            return None
+        table = self.table(raw, "metrics")
+        if table is None:
+            return None
+        settings = self.attrs_value(MetricsSettings, table, "metrics")
+        missing = prometheus_missing()
+        if missing is not None:
+            self.report("metrics", missing)
+        return settings
 
     def vpns(self, raw: object) -> tuple[VpnConfig, ...]:
         if raw is None:

@@ -2,12 +2,15 @@
 
 ::
 
-    meshbus run [CONFIG] [--listen HOST:PORT ...]
+    meshbus run [CONFIG] [--listen HOST:PORT ...] [--metrics HOST:PORT]
 
 Without ``CONFIG`` the node takes :func:`meshbus._config.default_config`: one VPN
 ``"default"`` open to all, a plain TCP listener on 127.0.0.1:55555 and its data in
 ``./meshbus-data``. ``--listen`` (repeatable) replaces the configured listeners with
-plain TCP ones on those addresses (port 0 picks a free port).
+plain TCP ones on those addresses (port 0 picks a free port). ``--metrics`` serves
+the Prometheus endpoint with its health probes there (the ``[metrics]`` table's
+``listen``; it needs the ``metrics`` extra), printed as ``meshbus run: node NAME
+metrics on http://HOST:PORT/metrics`` before the listeners start.
 
 It prints one line per listener, ``meshbus run: node NAME listening on
 tcp://HOST:PORT`` (``tls://`` for TLS), then serves until SIGINT or SIGTERM, when it
@@ -31,7 +34,8 @@ import anyio
 import attrs
 
 from meshbus import ConfigurationError, MeshbusError, Node
-from meshbus.transports import ListenerSettings, start_server
+from meshbus.transports import ListenerSettings, MetricsSettings, serve_metrics, start_server
+from meshbus.transports._metrics import prometheus_missing
 
 from ._config import NodeConfig, default_config, load_config
 from ._eventloop import LOOPS
@@ -95,6 +99,13 @@ def add_parser(
         "port 0 picks a free port)",
     )
     parser.add_argument(
+        "--metrics",
+        type=_address,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics, /healthz and /readyz over HTTP here (instead of "
+        "the [metrics] table's address; needs the 'metrics' extra)",
+    )
+    parser.add_argument(
         "--loop",
         default="auto",
         choices=LOOPS,
@@ -119,14 +130,21 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    return main(args.config, args.listen, args.loop)
+    return main(args.config, args.listen, args.loop, metrics=args.metrics)
 
 
-def main(config_path: str | None, listen: Sequence[str] = (), loop: str = "auto") -> int:
+def main(
+    config_path: str | None,
+    listen: Sequence[str] = (),
+    loop: str = "auto",
+    *,
+    metrics: str | None = None,
+) -> int:
     """Serve the node ``config_path`` describes (the defaults for ``None``) until
     SIGINT or SIGTERM. Call it from the main thread: it runs its own event loop.
 
     :param listen: ``HOST:PORT`` addresses replacing the configured listeners.
+    :param metrics: ``HOST:PORT`` of the metrics endpoint, replacing the configured one.
     :returns: the exit status: 0 after a clean stop, 1 when the node or a listener
         failed, 2 for an invalid configuration or ``--listen`` address.
     """
@@ -135,11 +153,24 @@ def main(config_path: str | None, listen: Sequence[str] = (), loop: str = "auto"
     except ValueError as exc:
         print(f"{_PREFIX} --listen: {exc}", file=sys.stderr)
         return 2
+    if metrics is not None:
+        try:
+            parse_address(metrics)
+        except ValueError as exc:
+            print(f"{_PREFIX} --metrics: {exc}", file=sys.stderr)
+            return 2
+        missing = prometheus_missing()
+        if missing is not None:
+            print(f"{_PREFIX} --metrics: {missing}", file=sys.stderr)
+            return 2
     try:
         config = default_config(Path.cwd()) if config_path is None else load_config(config_path)
         if addresses:
             listeners = tuple(ListenerSettings(host=host, port=port) for host, port in addresses)
             config = attrs.evolve(config, listeners=listeners)
+        if metrics is not None:
+            settings = attrs.evolve(config.metrics or MetricsSettings(), listen=metrics)
+            config = attrs.evolve(config, metrics=settings)
         node = config.build_node()
     except ConfigurationError as exc:
         _print_problems(exc, config_path)
@@ -167,8 +198,12 @@ async def _serve(config: NodeConfig, node: Node) -> int:
     # Opened first, so a signal that comes while the node starts is not lost.
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with node:
+            # Before provisioning and the listeners: probes see the node start.
+            endpoint = await _serve_metrics(config, node)
+            if endpoint is False:
+                return 1
             await config.provision(node)
-            servers: list[Any] = []
+            servers: list[Any] = [] if endpoint is None else [endpoint]  # closed last
             try:
                 for settings in config.listeners:
                     try:
@@ -191,3 +226,17 @@ async def _serve(config: NodeConfig, node: Node) -> int:
                     for server in reversed(servers):
                         await server.aclose()
     return 0
+
+
+async def _serve_metrics(config: NodeConfig, node: Node) -> Any:
+    """Start the configured metrics endpoint: it, ``None`` without one, ``False`` when
+    it failed (printed)."""
+    if config.metrics is None:
+        return None
+    try:
+        endpoint = await serve_metrics(node, config.metrics, listeners=len(config.listeners))
+    except MeshbusError as exc:
+        print(f"{_PREFIX} cannot serve metrics: {exc}", file=sys.stderr)
+        return False
+    print(f"{_PREFIX} node {node.name} metrics on {endpoint.url}/metrics", flush=True)
+    return endpoint

@@ -77,8 +77,11 @@ def split_address(text: str) -> tuple[str, int]:
 def _listen(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
     try:
         split_address(value)
-    except ValueError as exc:
-        raise ConfigurationError(f"listen: {exc}") from None
+    except ValueError:
+        raise ConfigurationError(
+            f"{type(instance).__name__}.{attribute.name} must be HOST:PORT with a port "
+            f"from 0 to 65535, got {value!r}"
+        ) from None
 
 
 @attrs.frozen
@@ -281,11 +284,14 @@ class NodeCollector:
 def _buckets(snapshot: Any) -> list[tuple[str, float]]:
     """A :class:`~meshbus.LatencyHistogram` snapshot (counts per bucket) as Prometheus
     buckets (cumulative counts, ``le`` labels)."""
+    from prometheus_client.utils import floatToGoString
+
     total = 0
     buckets = []
-    for label in LatencyHistogram.LABELS:
+    for label, bound in zip(LatencyHistogram.LABELS, (*LatencyHistogram.BOUNDS, None), strict=True):
         total += snapshot.get(label, 0)
-        buckets.append((label, float(total)))
+        # Bounds written as the library writes its own histograms' (``1.0``, ``+Inf``).
+        buckets.append((label if bound is None else floatToGoString(bound), float(total)))
     return buckets
 
 
