@@ -12,6 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here: ``meshbus --version`` should not pay for the transports.
     from . import _certs as certs
     from . import _clients as clients
+    from . import _manage as manage
     from . import _run
 
     parser = argparse.ArgumentParser(prog="meshbus", description="An embeddable message bus.")
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("plugins", help="list the installed plugins")
     _run.add_parser(commands)
     clients.add_parsers(commands)
+    manage.add_parsers(commands)
     certs.add_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "demo":
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(_run.run(args))
     elif args.command == "certs":
         return int(certs.run(args))
+    elif args.command in ("show", "queue"):
+        return int(manage.run(args))
     else:
         return int(clients.run(args))
     return 0

@@ -438,6 +438,8 @@ def _memory() -> dict[str, int | None]:
     else:
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         peak = maxrss if sys.platform == "darwin" else maxrss * 1024  # bytes there, KiB here
+        if rss is not None:
+            peak = max(peak, rss)  # the two are read apart: never a peak below the present
     return {"rss_bytes": rss, "peak_rss_bytes": peak}
 
 
