@@ -701,7 +701,7 @@ async def amqtt_broker_role(port: int) -> None:
 # --- meshbus roles (written against the transports API of SPEC 10) ------------------------------
 
 
-async def meshbus_broker_role(tls_dir: str | None) -> None:
+async def meshbus_broker_role(tls_dir: str | None, metrics: bool = False, queues: int = 0) -> None:
     import anyio
 
     import meshbus
@@ -713,6 +713,13 @@ async def meshbus_broker_role(tls_dir: str | None) -> None:
             certificate=Path(tls_dir, "server.pem"), private_key=Path(tls_dir, "server.key")
         )
     async with meshbus.Node() as node:
+        for i in range(queues):  # figures for a scrape to read, off the benchmark's topics
+            node.guaranteed.create_queue(f"bench-queue-{i}", subscriptions=[f"other/{i}"])
+        if metrics:  # bench/metrics_cost.py: the endpoint, printed before the listener
+            from meshbus.transports import serve_metrics
+
+            endpoint = await serve_metrics(node, f"{HOST}:0")
+            say(f"metrics on {HOST}:{endpoint.port}")
         server = await start_server(node, ListenerSettings(host=HOST, port=0, tls=tls))
         say(f"listening on {HOST}:{server.port}")
         await anyio.sleep_forever()  # until the orchestrator terminates it
@@ -842,6 +849,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ca", default=None, help="meshbus clients: CA file for tls:// URLs")
     parser.add_argument("--compression", action="store_true")
     parser.add_argument("--tls-dir", default=None, help="meshbus-broker: server.pem/.key")
+    parser.add_argument("--metrics", action="store_true", help="meshbus-broker: /metrics too")
+    parser.add_argument("--queues", type=int, default=0, help="meshbus-broker: queues to make")
     a = parser.parse_args(argv)
     # Roles that run until terminated (brokers, responders) die on SIGTERM's default
     # action: nothing of theirs needs cleaning up, and the orchestrator kills after a wait.
@@ -868,7 +877,9 @@ def main(argv: list[str] | None = None) -> None:
         "mqtt-requester": lambda: mqtt_requester(a.url, a.requests, a.warmup),
         "amqtt-broker": lambda: anyio.run(amqtt_broker_role, a.port),
         # The node runs on the loop `meshbus run` picks (uvloop when installed).
-        "meshbus-broker": lambda: run_like_meshbus_run(meshbus_broker_role, a.tls_dir),
+        "meshbus-broker": lambda: run_like_meshbus_run(
+            meshbus_broker_role, a.tls_dir, a.metrics, a.queues
+        ),
         "meshbus-sub": lambda: client_run(meshbus_sub, a.url, a.messages, *mesh),
         "meshbus-pub": lambda: client_run(meshbus_pub, a.url, a.messages, *mesh),
         "meshbus-responder": lambda: client_run(meshbus_responder, a.url, *mesh),
