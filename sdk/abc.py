@@ -311,6 +311,12 @@ class SessionAPI(Protocol):
     def unsubscribe(self, subscription: str) -> None:
         """Remove a subscription (a no-op when it has none such)."""
 
+    def subscribe_for(self, client_name: str, subscription: str) -> None:
+        """As a subscription manager, add a subscription to another session of the VPN."""
+
+    def unsubscribe_for(self, client_name: str, subscription: str) -> None:
+        """As a subscription manager, remove a subscription from another session."""
+
     async def confirm(self) -> None:
         """Return once every earlier call is applied; raise the first refusal since
         the last call (a remote session's subscribes and publishes are refused late)."""

@@ -12,7 +12,9 @@ import inspect
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
+from anyio.lowlevel import checkpoint
 
 from meshbus import (
     AccessDeniedError,
@@ -225,6 +227,44 @@ async def test_an_unacked_message_comes_back_flagged(session: Any) -> None:
         second = await flow.receive()
         assert (second.payload, second.redelivered) == (b"again", True)
         flow.ack(second)
+
+
+async def test_a_flow_hands_out_what_it_has_without_waiting(session: Any) -> None:
+    for i in range(3):
+        await session.send_to_queue("orders", str(i))
+    async with await session.bind("orders", window=10) as flow:
+        got = [await flow.receive()]
+        with anyio.fail_after(5):
+            while len(got) < 3:
+                message = flow.receive_nowait()
+                if message is None:
+                    await checkpoint()
+                else:
+                    got.append(message)
+        assert [m.payload for m in got] == [b"0", b"1", b"2"]
+        for message in got:
+            flow.ack(message)
+
+
+async def test_a_subscription_manager_subscribes_another_session(
+    node: Node, kind: str, peer: Session
+) -> None:
+    node.vpn().add_user("manager", subscription_manager=True)
+    manager = await open_session(node, kind, username="manager")
+    try:
+        manager.subscribe_for("peer", "managed/>")
+        await manager.confirm()
+        assert peer.subscriptions == ("managed/>",)
+        manager.unsubscribe_for("peer", "managed/>")
+        with pytest.raises(StateError, match="nobody"):  # raised by the call or by confirm
+            manager.subscribe_for("nobody", "a")
+            await manager.confirm()
+        await manager.confirm()  # raised once
+        assert peer.subscriptions == ()
+    finally:
+        await manager.aclose()
+        if isinstance(manager, RemoteSession):
+            await manager.__aexit__(None, None, None)
 
 
 # --- closing ----------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ async def _running(node: Node) -> AsyncIterator[None]:
         raise TypeError(f"meshbus_spool_store returned {store!r}, not a SpoolStore")
     async with store:
         service._store = store
+        service._saved_subscriptions()  # read now: provisioning does no I/O (the API rule)
         await node.task_group.start(service.run, name="meshbus guaranteed spooler")
         await node.task_group.start(service.sweep_ttl, name="meshbus guaranteed TTL sweep")
         try:
@@ -80,6 +81,7 @@ async def _running(node: Node) -> AsyncIterator[None]:
             with anyio.CancelScope(shield=True):  # commit acks even when cancelled
                 await service.stop()
             service._store = None
+            service._subscriptions_read = False
 
 
 @hookimpl

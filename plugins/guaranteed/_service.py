@@ -60,7 +60,10 @@ class GuaranteedService(GuaranteedMessaging):
         self._outbox: list[tuple[NewMessage, list[Queue]]] = []
         self._acks_due: set[Queue] = set()
         self._work = anyio.Event()
-        self._memory_subscriptions: dict[str, str] = {}  # without a data directory
+        # The saved subscriptions of topic endpoints, as last read or written: read once
+        # when the node starts, so that provisioning does no I/O.
+        self._memory_subscriptions: dict[str, str] = {}
+        self._subscriptions_read = False
 
     @property
     def store(self) -> SpoolStore:
@@ -221,17 +224,19 @@ class GuaranteedService(GuaranteedMessaging):
 
     def _saved_subscriptions(self) -> dict[str, str]:
         path = self._subscriptions_file()
-        if path is None:
+        if path is None or self._subscriptions_read:
             return self._memory_subscriptions
         try:
             loaded = orjson.loads(path.read_bytes())
         except FileNotFoundError:
-            return {}
+            loaded = {}
         except (OSError, orjson.JSONDecodeError) as exc:
             raise SpoolError(f"cannot read topic endpoint subscriptions {path}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise SpoolError(f"{path} does not hold topic endpoint subscriptions")
-        return {str(k): str(v) for k, v in loaded.items()}
+        self._memory_subscriptions = {str(k): str(v) for k, v in loaded.items()}
+        self._subscriptions_read = True
+        return self._memory_subscriptions
 
     def _save_subscription(self, endpoint: str, topic_filter: str | None) -> None:
         saved = dict(self._saved_subscriptions())
@@ -240,10 +245,9 @@ class GuaranteedService(GuaranteedMessaging):
         else:
             saved[endpoint] = topic_filter
         path = self._subscriptions_file()
-        if path is None:
-            self._memory_subscriptions = saved
-            return
-        write_json_atomically(path, saved)
+        if path is not None:
+            write_json_atomically(path, saved)
+        self._memory_subscriptions = saved
 
     def queue(self, name: str, *, vpn: str = "default") -> Queue:
         """The queue called ``name``; :class:`StateError` if there is none."""
