@@ -256,9 +256,13 @@ async def test_a_subscription_manager_subscribes_another_session(
         await manager.confirm()
         assert peer.subscriptions == ("managed/>",)
         manager.unsubscribe_for("peer", "managed/>")
-        with pytest.raises(StateError, match="nobody"):  # raised by the call or by confirm
+
+        async def subscribe_nobody() -> None:
             manager.subscribe_for("nobody", "a")
             await manager.confirm()
+
+        with pytest.raises(StateError, match="nobody"):  # raised by the call or by confirm
+            await subscribe_nobody()
         await manager.confirm()  # raised once
         assert peer.subscriptions == ()
     finally:

@@ -39,9 +39,9 @@ from ._server import (
     servers_of,
     start_server,
 )
+from ._session_calls import RemoteSessionStatistics
 from ._settings import (
     DEFAULT_PORT,
-from ._session_calls import RemoteSessionStatistics
     DEFAULT_TLS_PORT,
     MAX_FRAME_SIZE,
     ListenerSettings,
@@ -77,12 +77,12 @@ __all__ = [
     "RemoteFlow",
     "RemoteManagement",
     "RemoteSession",
+    "RemoteSessionStatistics",
     "Role",
     "Server",
     "ServerStatistics",
     "Remote",
     "Target",
-    "RemoteSessionStatistics",
     "TlsSettings",
     "WireLink",
     "accept_stream",

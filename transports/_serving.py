@@ -278,15 +278,15 @@ class ServedSession:
             elif isinstance(event, ev.Unsubscribe):
                 self.session.unsubscribe(event.subscription)
                 answers.ok(request)
-            elif isinstance(event, ev.Bind):
-                if event.endpoint is not None:
-                    assert event.subscription is not None
             elif isinstance(event, ev.SubscribeFor):  # the session's checks, as in-process
                 if event.add:
                     self.session.subscribe_for(event.client_name, event.subscription)
                 else:
                     self.session.unsubscribe_for(event.client_name, event.subscription)
                 answers.ok(request)
+            elif isinstance(event, ev.Bind):
+                if event.endpoint is not None:
+                    assert event.subscription is not None
                     flow = await self.session.bind_topic_endpoint(
                         event.endpoint, event.subscription, window=event.window
                     )
