@@ -36,6 +36,7 @@ class Egress:
         "discarded",
         "max_bytes",
         "max_messages",
+        "on_discard",
         "on_drained",
         "on_ready",
     )
@@ -57,6 +58,9 @@ class Egress:
         #: it waits. The callee takes messages itself or calls :meth:`wake`. A node's
         #: connection uses it to write deliveries from the publisher's read.
         self.on_ready: Callable[[], None] | None = None
+        #: Called after messages were discarded (:attr:`discarded` counts them); the
+        #: session uses it to log a slow consumer.
+        self.on_discard: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -98,10 +102,13 @@ class Egress:
         # Never the message just added: a message bigger than ``max_bytes`` waits alone
         # (so a consumer that keeps up still gets it) and is the next to go.
         queue = self._queue
+        before = self.discarded
         while len(queue) > 1 and (len(queue) > self.max_messages or self._bytes > self.max_bytes):
             self._bytes -= queue.popleft().size
             self.discarded += 1
             self._discard_pending = True
+        if self.discarded != before and self.on_discard is not None:
+            self.on_discard()
 
     def get_nowait(self) -> Message | None:
         """The next message, or ``None`` when the buffer is empty."""

@@ -22,6 +22,7 @@ from ._logins import LoginGuard
 from ._plugins import PluginManager, compose
 from ._profiles import check_identity
 from ._session import MessageHandler, Session
+from ._slow_consumers import SlowConsumerLog
 from ._stash import Stash
 from ._stats import NodeStatistics
 from ._topics import TopicLimits
@@ -110,6 +111,9 @@ class Node:
         #: Checks passwords off the event loop and slows down repeated failed logins
         #: (SPEC 6); replace it to change its settings.
         self.logins = LoginGuard(self.clock)
+        #: Logs, rate-limited, the sessions that start discarding (slow consumers);
+        #: replace it to change its interval or burst.
+        self.slow_consumers = SlowConsumerLog(self.clock)
         self.plugins = PluginManager()
         blocked = frozenset(block)
         compose(

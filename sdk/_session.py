@@ -100,6 +100,8 @@ class Session:
         self._wildcard_levels = 0  # levels of the wildcard subscriptions held, in all
         self._egress = Egress(client_profile.egress_max_messages, client_profile.egress_max_bytes)
         self._queue = self._egress._queue  # the buffer's deque, for the inlined take in __anext__
+        slow_state = [float("-inf"), 0.0]  # when it was last named, its discards then
+        self._egress.on_discard = lambda: vpn.node.slow_consumers.discarded(self, slow_state)
         self._time = vpn.node.clock.time
         self._envelope = Envelope(None, self)  # type: ignore[arg-type]  # reused per publish
         self.published = 0
