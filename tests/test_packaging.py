@@ -104,6 +104,16 @@ def test_wheel_installs_into_fresh_venv_and_imports_every_module(
         cwd=tmp_path,
     ).stdout
     assert "meshbus.plugins.direct" in out
+    # cryptography is the certs extra: without it, `meshbus certs` names the extra.
+    certs = subprocess.run(
+        [env_dir / "bin" / "meshbus", "certs", "all", "--dir", tmp_path / "certs"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert certs.returncode == 2, certs.stderr
+    assert "pip install 'meshbus[certs]'" in certs.stderr, certs.stderr
 
 
 @pytest.mark.slow  # about a minute: installing sphinx and pyarrow into the venv, building

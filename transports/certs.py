@@ -27,14 +27,27 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from meshbus.errors import ConfigurationError
+
+# TLS itself needs only the standard library's ssl: this module, and the ``meshbus
+# certs`` command on it, are the only users of cryptography, which the ``certs`` extra
+# brings. The module imports without it so that its names (and the command's help)
+# stay available; making a certificate then says what to install.
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+except ModuleNotFoundError as exc:
+    if exc.name is None or exc.name.partition(".")[0] != "cryptography":
+        raise
+    _HAS_CRYPTOGRAPHY = False
+else:
+    _HAS_CRYPTOGRAPHY = True
 
 __all__ = [
     "CA_CERTIFICATE",
@@ -42,6 +55,7 @@ __all__ = [
     "DEFAULT_DIRECTORY",
     "DEFAULT_HOSTS",
     "CERTS_ACTIONS",
+    "MISSING_CRYPTOGRAPHY",
     "CertificatePaths",
     "certificate_identity",
     "make_ca",
@@ -67,13 +81,26 @@ _MAX_COMMON_NAME = 64  # ub-common-name in RFC 5280
 _FILE_STEM_FORBIDDEN = frozenset('/\\:*?"<>|#')
 _DNS_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
 
-_IssuerKey = (
-    rsa.RSAPrivateKey
-    | dsa.DSAPrivateKey
-    | ec.EllipticCurvePrivateKey
-    | ed25519.Ed25519PrivateKey
-    | ed448.Ed448PrivateKey
+if TYPE_CHECKING or _HAS_CRYPTOGRAPHY:
+    _IssuerKey = (
+        rsa.RSAPrivateKey
+        | dsa.DSAPrivateKey
+        | ec.EllipticCurvePrivateKey
+        | ed25519.Ed25519PrivateKey
+        | ed448.Ed448PrivateKey
+    )
+
+MISSING_CRYPTOGRAPHY = (
+    "making certificates needs the cryptography package, which the certs extra "
+    "brings: pip install 'meshbus[certs]'"
 )
+"""The message of the :class:`~meshbus.errors.ConfigurationError` raised by the
+functions here that make or parse certificates when cryptography is not installed."""
+
+
+def _require_cryptography() -> None:
+    if not _HAS_CRYPTOGRAPHY:
+        raise ConfigurationError(MISSING_CRYPTOGRAPHY)
 
 
 @attrs.frozen
@@ -378,9 +405,11 @@ def make_ca(
     :param overwrite: replace existing files instead of refusing. Certificates
         signed by a replaced CA are no longer trusted by peers given the new one.
     :returns: the paths of ``ca.pem`` and ``ca-key.pem``.
-    :raises ConfigurationError: a file exists (and not ``overwrite``), an option is
+    :raises ConfigurationError: cryptography is not installed (the ``certs``
+        extra); a file exists (and not ``overwrite``), an option is
         invalid, or a file cannot be written.
     """
+    _require_cryptography()
     common_name = _common_name("CA name", name)
     lifetime = _days(days)
     folder = Path(directory)
@@ -435,10 +464,12 @@ def make_server_certificate(
     :param days: how long the certificate is valid (never beyond the CA's expiry).
     :param overwrite: replace existing files instead of refusing.
     :returns: the paths of the certificate and its private key.
-    :raises ConfigurationError: there is no usable CA in ``ca_dir`` (make one with
+    :raises ConfigurationError: cryptography is not installed (the ``certs``
+        extra); there is no usable CA in ``ca_dir`` (make one with
         :func:`make_ca` or ``meshbus certs ca``), a file exists (and not
         ``overwrite``), a name, host or option is invalid, or a file cannot be written.
     """
+    _require_cryptography()
     stem = _file_stem("server name", name)
     alternative_names = _alternative_names(hosts)
     return _issue_named(
@@ -468,10 +499,12 @@ def make_client_certificate(
     :param days: how long the certificate is valid (never beyond the CA's expiry).
     :param overwrite: replace existing files instead of refusing.
     :returns: the paths of the certificate and its private key.
-    :raises ConfigurationError: there is no usable CA in ``ca_dir`` (make one with
+    :raises ConfigurationError: cryptography is not installed (the ``certs``
+        extra); there is no usable CA in ``ca_dir`` (make one with
         :func:`make_ca` or ``meshbus certs ca``), a file exists (and not
         ``overwrite``), the username or an option is invalid, or a file cannot be written.
     """
+    _require_cryptography()
     stem = _file_stem("username", username)
     return _issue_named(
         directory, ca_dir, stem, ExtendedKeyUsageOID.CLIENT_AUTH, None, days, overwrite
@@ -521,6 +554,8 @@ def certificate_identity(
     :returns: the common name; ``None`` when there is no certificate, the bytes are
         not a certificate, or the subject has no common name or more than one (an
         ambiguous identity is no identity).
+    :raises ConfigurationError: ``certificate`` is bytes and cryptography, which parses
+        them, is not installed (the ``certs`` extra).
     """
     if certificate is None:
         return None
@@ -534,6 +569,7 @@ def certificate_identity(
                 if isinstance(pair, tuple | list) and len(pair) == 2 and pair[0] == "commonName":
                     names.append(str(pair[1]))
     else:
+        _require_cryptography()
         data = bytes(certificate)
         try:
             if data.lstrip().startswith(b"-----BEGIN"):
@@ -574,9 +610,11 @@ def make_certificates(
     :param hosts: the names and addresses the server certificate carries
         (default: :data:`DEFAULT_HOSTS`).
     :param usernames: one client certificate for each.
-    :raises ConfigurationError: an unknown action, a bad name or host, a file that
+    :raises ConfigurationError: cryptography is not installed (the ``certs``
+        extra); an unknown action, a bad name or host, a file that
         exists (without ``overwrite``), or no CA to sign with.
     """
+    _require_cryptography()
     if action not in CERTS_ACTIONS:
         raise ConfigurationError(f"action must be one of {CERTS_ACTIONS}, not {action!r}")
     folder = Path(directory)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 
 from meshbus.app._certs import add_parser, run
+from meshbus.transports.certs import MISSING_CRYPTOGRAPHY
 
 
 def _load(path: Path) -> x509.Certificate:
@@ -90,3 +93,29 @@ def test_certs_errors_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture
 
     assert run(_parse("all", "--dir", directory, "--overwrite", "--client", "server")) == 2
     assert "two files would be written" in capsys.readouterr().err
+
+
+# -- without the certs extra -----------------------------------------------------------------
+
+
+def test_without_cryptography_the_command_names_the_extra(tmp_path: Path) -> None:
+    # A plain install has no cryptography (it is the certs extra): the CLI still starts,
+    # and `meshbus certs` says what to install instead of failing with a traceback.
+    script = (
+        "import sys\n"
+        "sys.modules['cryptography'] = None  # as if it were not installed\n"
+        "from meshbus.app._cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    directory = tmp_path / "certs"
+    result = subprocess.run(
+        [sys.executable, "-c", script, "certs", "all", "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"meshbus certs: error: {MISSING_CRYPTOGRAPHY}\n"
+    assert "pip install 'meshbus[certs]'" in result.stderr
+    assert not directory.exists()
