@@ -3,6 +3,7 @@
 ::
 
     meshbus run [CONFIG] [--listen HOST:PORT ...] [--metrics HOST:PORT]
+                [--log-level LEVEL] [--log-format text|json] [--log-file PATH]
 
 Without ``CONFIG`` the node takes :func:`meshbus._config.default_config`: one VPN
 ``"default"`` open to all, a plain TCP listener on 127.0.0.1:55555 and its data in
@@ -33,13 +34,14 @@ from typing import Any
 import anyio
 import attrs
 
-from meshbus import ConfigurationError, MeshbusError, Node
+from meshbus import ConfigurationError, MeshbusError, Node, __version__
 from meshbus.transports import ListenerSettings, MetricsSettings, serve_metrics, start_server
 from meshbus.transports._metrics import prometheus_missing
 
 from ._config import NodeConfig, default_config, load_config
 from ._eventloop import LOOPS
 from ._eventloop import run as run_on_loop
+from ._logging import FORMATS, configure_logging
 
 __all__ = ["add_parser", "main", "parse_address", "run"]
 
@@ -115,7 +117,19 @@ def add_parser(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
-        help="what is logged to standard error (default: info)",
+        help="what is logged (default: info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=FORMATS,
+        help="text lines, or one JSON object per line (default: text)",
+    )
+    parser.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="append the log to this file instead of standard error (reopened when it "
+        "is rotated away)",
     )
     return parser
 
@@ -125,11 +139,11 @@ def run(args: argparse.Namespace) -> int:
 
     :returns: the exit status (see :func:`main`).
     """
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    try:
+        configure_logging(args.log_level, args.log_format, args.log_file)
+    except (OSError, ValueError) as exc:
+        print(f"{_PREFIX} --log-file: cannot log there: {exc}", file=sys.stderr)
+        return 2
     return main(args.config, args.listen, args.loop, metrics=args.metrics)
 
 
@@ -175,7 +189,8 @@ def main(
     except ConfigurationError as exc:
         _print_problems(exc, config_path)
         return 2
-    log.info("serving node %r from %s", node.name, config.source)
+    log.info("serving node %r from %s (meshbus %s)", node.name, config.source, __version__)
+    log.info("plugins: %s", ", ".join(_describe_plugins(node)) or "none")
     if not config.listeners:
         log.warning("no listeners are configured: only in-process sessions can reach the node")
     try:
@@ -186,6 +201,16 @@ def main(
     except (MeshbusError, OSError) as exc:
         print(f"{_PREFIX} node {node.name} failed: {exc}", file=sys.stderr)
         return 1
+
+
+def _describe_plugins(node: Node) -> list[str]:
+    """``NAME (MODULE)`` for each plugin the node loaded, by name."""
+    described = []
+    for name in sorted(node.plugins.names()):
+        plugin = node.plugins.get(name)
+        module = getattr(plugin, "__name__", None) or type(plugin).__module__
+        described.append(name if module == name else f"{name} ({module})")
+    return described
 
 
 def _print_problems(exc: ConfigurationError, source: str | None) -> None:

@@ -291,11 +291,11 @@ def test_the_parser_feeds_run(
     assert "--listen: expected HOST:PORT" in capsys.readouterr().err
 
     configured: list[object] = []
-    monkeypatch.setattr("logging.basicConfig", lambda **kwargs: configured.append(kwargs))
+    monkeypatch.setattr("meshbus.app._run.configure_logging", lambda *a: configured.append(a))
     write_config(tmp_path, BAD_CONFIG)
     monkeypatch.chdir(tmp_path)
     assert run(args) == 2
-    assert len(configured) == 1
+    assert configured == [("info", "text", None)]
     assert capsys.readouterr().err.splitlines() == BAD_PROBLEMS
 
 
