@@ -299,6 +299,7 @@ class BlockingGuaranteed:
     """
 
     def __init__(self, loop: EventLoopThread, service: GuaranteedMessaging) -> None:
+        #: The loop the node runs on.
         self.loop = loop
         #: The service; call what is not wrapped here through ``loop.call``.
         self.service = service
@@ -370,6 +371,7 @@ class BlockingSession(Generic[SessionT]):
     """
 
     def __init__(self, loop: EventLoopThread, session: SessionT) -> None:
+        #: The loop the session runs on (its node's, or its own for a remote session).
         self.loop = loop
         #: The session; call what is not wrapped here through ``loop.call``.
         self.session = session
@@ -637,6 +639,7 @@ class BlockingFlow:
     iterating over it receives messages until it is unbound."""
 
     def __init__(self, loop: EventLoopThread, flow: Flow) -> None:
+        #: The loop the flow's session runs on.
         self.loop = loop
         #: The flow.
         self.flow = flow

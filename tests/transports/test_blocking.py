@@ -3,6 +3,7 @@ node over real TCP on 127.0.0.1, each session on an event loop thread of its own
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Iterator
 
@@ -153,3 +154,23 @@ def test_invalid_settings_start_no_thread(backend: str) -> None:
     with pytest.raises(TypeError):
         remote.connect("tcp://127.0.0.1:1", backend=backend, no_such_setting=1)
     assert session_threads() == []
+
+
+def test_the_facade_has_no_async_methods(backend: str) -> None:
+    # docs/explanation/api-rule.rst: the blocking facade waits on the caller's thread.
+    classes = [
+        blocking.BlockingNode,
+        blocking.BlockingGuaranteed,
+        blocking.BlockingSession,
+        blocking.BlockingFlow,
+        blocking.EventLoopThread,
+        remote.BlockingRemoteSession,
+    ]
+    for cls in classes:
+        for name in dir(cls):
+            member = inspect.getattr_static(cls, name)
+            if not name.startswith("_") and callable(member):
+                assert not inspect.iscoroutinefunction(member), f"{cls.__name__}.{name}"
+                assert not inspect.isasyncgenfunction(member), f"{cls.__name__}.{name}"
+    assert not inspect.iscoroutinefunction(remote.connect)
+    assert not inspect.iscoroutinefunction(blocking.start_node)
