@@ -22,6 +22,7 @@ from meshbus import (
     Node,
 )
 from meshbus.app._demo_mqtt import mqtt_demo
+from meshbus.app._demo_operate import operate_demo
 
 
 def _say(title: str) -> None:
@@ -617,4 +618,5 @@ def main() -> None:
     anyio.run(bridge_demo)
     anyio.run(routing_demo)
     anyio.run(mqtt_demo)
+    anyio.run(operate_demo)
     anyio.run(spark_demo)
