@@ -1,9 +1,11 @@
 """Test helpers for applications built on meshbus; importing them does not need pytest.
 
 The fixtures of meshbus's pytest plugin (the ``pytest11`` entry point ``meshbus``,
-a module of its own because it needs pytest) are these: async fixtures for anyio's
-pytest plugin (give the test an ``anyio_backend``, or run anyio in auto mode), each
-function scoped.
+a module of its own because it needs pytest) are these, each function scoped. The
+async ones run on the event loop of the test that asks for them, whichever plugin
+runs it: anyio's pytest plugin (a test marked ``anyio``, or anyio's auto mode; on
+each backend) or pytest-asyncio (a test marked ``asyncio``, or its auto mode).
+The testing reference in the documentation gives the settings for each.
 
 ``meshbus_clock``
     A :class:`~meshbus.ManualClock`: time moves only when the test calls
