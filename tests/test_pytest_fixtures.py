@@ -98,7 +98,9 @@ def test_anyio_auto_mode_runs_on_asyncio_and_trio(pytester: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(["*serve_the_test?asyncio?*", "*serve_the_test?trio?*"])
 
 
-def test_anyio_marker_runs_on_the_backends_the_project_chooses(pytester: pytest.Pytester) -> None:
+def test_anyio_strict_mode_runs_on_the_backends_the_project_chooses(
+    pytester: pytest.Pytester,
+) -> None:
     _project(pytester, "", marker="@pytest.mark.anyio")
     pytester.makeconftest(
         "import pytest\n\n"
@@ -106,7 +108,10 @@ def test_anyio_marker_runs_on_the_backends_the_project_chooses(pytester: pytest.
         "def anyio_backend(request):\n"
         "    return request.param\n"
     )
-    _assert_clean(_run(pytester, "-p", "no:asyncio"), passed=4)
+    # Without pytest-asyncio the fixtures ask for anyio_backend themselves, so anyio's
+    # plugin runs a test that uses them even unmarked.
+    pytester.makepyfile(test_unmarked=_source(""))
+    _assert_clean(_run(pytester, "-p", "no:asyncio"), passed=8)
 
 
 def test_pytest_asyncio_strict_mode(pytester: pytest.Pytester) -> None:
