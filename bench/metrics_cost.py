@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import _peers
+import anyio
 from _harness import verdict
 from _peers import READY_TIMEOUT, Child, PeerError
 from transport import Throughput, publish_timeout
@@ -179,11 +180,46 @@ def main(argv: list[str] | None = None) -> None:
     cost = 1 - on / off
     say(f"metrics cost on: median {on:,.0f} msg/s over {len(rates[True])} runs")
     say(f"metrics cost off: median {off:,.0f} msg/s over {len(rates[False])} runs")
+    pairs = [a / b for a, b in zip(rates[True], rates[False], strict=False)]
+    say(
+        f"metrics cost by pair (context): median of each pair's on/off = "
+        f"{statistics.median(pairs):.3f} over {len(pairs)} pairs"
+    )
+    render = anyio.run(_render_seconds, args.queues)
+    series, seconds = render
+    say(
+        f"metrics render (context): {seconds * 1000:.2f} ms of the node's event loop per "
+        f"scrape ({series} series, median of 200, in this process), "
+        f"{seconds / args.interval:.3%} of each {args.interval:g} s interval"
+    )
     say(
         f"metrics cost: on/off = {on / off:.3f}, cost {cost:+.1%} of throughput "
         f"(target <= {TARGET:.0%}) {verdict(cost <= TARGET)}; "
         f"load average now {' '.join(f'{x:.2f}' for x in _loadavg())}"
     )
+
+
+async def _render_seconds(queues: int) -> tuple[int, float]:
+    """What one scrape costs the node's loop: the collector's read of the node's
+    statistics and prometheus_client's rendering, for a node like the benchmark's."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from meshbus import Node
+    from meshbus.transports import ListenerSettings, NodeCollector, start_server
+
+    async with Node(name="render") as node:
+        await start_server(node, ListenerSettings(port=0))
+        for i in range(queues):
+            node.guaranteed.create_queue(f"idle-{i}", subscriptions=[f"idle/{i}"])
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(NodeCollector(node))
+        times = []
+        for _ in range(200):
+            started = time.perf_counter()
+            text = generate_latest(registry)
+            times.append(time.perf_counter() - started)
+        series = sum(1 for line in text.splitlines() if not line.startswith(b"#"))
+        return series, statistics.median(times)
 
 
 def _loadavg() -> tuple[float, ...]:
