@@ -69,6 +69,7 @@ _PUBLISH = int(K.PUBLISH)
 _PUBLISH_BATCH = int(K.PUBLISH_BATCH)
 _BATCH_BYTES = 256 * 1024  # deliveries encoded per write, at most (about)
 _BATCH_MESSAGES = 4096  # and at most this many, so a batch header stays small
+_WRITE_BYTES = 1024 * 1024  # a writer's batches per write, at most (about)
 _MAX_PIPELINED_SENDS = 4096  # SEND frames waiting for the sender before reading pauses
 _MAX_PIPELINED_BYTES = 64 * 1024 * 1024  # and their payload bytes, beyond the first one
 
@@ -386,14 +387,22 @@ class ServedSession:
 
     async def _pump(self) -> None:
         session = self.session
+        receive_nowait = session.receive_nowait
+        out = self.protocol.out
         while True:
             try:
                 message = await session.receive()
+                # Everything waiting goes in one write, up to a bound: a reader may hand
+                # the egress more per turn than one batch (a compressed connection's
+                # inflate step, say), and a writer that took one batch per turn would
+                # fall behind it and discard. One write is also one compression step.
+                while message is not None:
+                    self._encode_deliveries(message)
+                    message = receive_nowait() if len(out) < _WRITE_BYTES else None
             except StateError:  # the session was closed (the node is stopping)
                 await self.connection.send_close("session closed by the node")
                 self._tg.cancel_scope.cancel()
                 return
-            self._encode_deliveries(message)
             await self.connection.flush()
 
     def _encode_deliveries(self, message: Message) -> None:
