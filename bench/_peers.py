@@ -725,14 +725,14 @@ async def meshbus_broker_role(tls_dir: str | None, metrics: bool = False, queues
         await anyio.sleep_forever()  # until the orchestrator terminates it
 
 
-async def _meshbus_connect(url: str, ca: str | None, compression: bool) -> Any:
+async def _meshbus_connect(url: str, ca: str | None, compression: bool | str) -> Any:
     from meshbus.transports import TlsSettings, connect
 
     options: dict[str, Any] = {}
     if ca is not None:
         options["tls"] = TlsSettings(ca=Path(ca), server_hostname="localhost")
     if compression:
-        options["compression"] = True
+        options["compression"] = compression
     session = connect(url, vpn="default", username="default", **options)
     # ``async with connect(...)`` or ``async with await connect(...)``: either shape works.
     if inspect.isawaitable(session):
@@ -751,7 +751,7 @@ async def _meshbus_ping(session: Any, topic: str) -> None:
             pass
 
 
-async def meshbus_sub(url: str, messages: int, ca: str | None, compression: bool) -> None:
+async def meshbus_sub(url: str, messages: int, ca: str | None, compression: bool | str) -> None:
     import anyio
 
     finished = publisher_finished_flag()
@@ -780,7 +780,7 @@ async def meshbus_sub(url: str, messages: int, ca: str | None, compression: bool
         tally.report(messages)
 
 
-async def meshbus_pub(url: str, messages: int, ca: str | None, compression: bool) -> None:
+async def meshbus_pub(url: str, messages: int, ca: str | None, compression: bool | str) -> None:
     from meshbus.errors import LimitExceededError
 
     data = payloads(messages)
@@ -798,7 +798,7 @@ async def meshbus_pub(url: str, messages: int, ca: str | None, compression: bool
         say_result(start=t0, end=t1, sent=messages)
 
 
-async def meshbus_responder(url: str, ca: str | None, compression: bool) -> None:
+async def meshbus_responder(url: str, ca: str | None, compression: bool | str) -> None:
     async with await _meshbus_connect(url, ca, compression) as session:
         session.subscribe("bench/req")
         session.subscribe("bench/ready/responder")
@@ -812,7 +812,7 @@ async def meshbus_responder(url: str, ca: str | None, compression: bool) -> None
 
 
 async def meshbus_requester(
-    url: str, requests: int, warmup: int, ca: str | None, compression: bool
+    url: str, requests: int, warmup: int, ca: str | None, compression: bool | str
 ) -> None:
     import anyio
 
@@ -847,7 +847,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--ca", default=None, help="meshbus clients: CA file for tls:// URLs")
-    parser.add_argument("--compression", action="store_true")
+    parser.add_argument(
+        "--compression",
+        nargs="?",
+        const=True,
+        default=False,
+        help="meshbus clients: ask for compression (an algorithm name: that one alone)",
+    )
     parser.add_argument("--tls-dir", default=None, help="meshbus-broker: server.pem/.key")
     parser.add_argument("--metrics", action="store_true", help="meshbus-broker: /metrics too")
     parser.add_argument("--queues", type=int, default=0, help="meshbus-broker: queues to make")

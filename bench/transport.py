@@ -377,7 +377,11 @@ def throughput_phase(work: Path, args: argparse.Namespace, meshbus_why: str | No
     ca_dir.mkdir(exist_ok=True)
     _peers.make_test_ca(ca_dir)
     ca = ["--ca", str(ca_dir / "ca.pem")]
-    for label, extra in (("tls", ca), ("tls+compression", [*ca, "--compression"])):
+    for label, extra in (
+        ("tls", ca),
+        ("tls+compression", [*ca, "--compression"]),  # what both sides prefer: lz4
+        ("tls+zlib", [*ca, "--compression", "zlib"]),  # for peers before lz4, slow links
+    ):
         t = _meshbus_throughput(work, args, label, ca_dir, extra)
         if t is None:
             continue

@@ -378,7 +378,7 @@ def test_pub_sub_queues_and_stats_across_processes(setup: Setup, start: Start) -
     logins = [line for line in node.stderr if " as 'alice' in VPN 'plant'" in line]
     assert len(logins) == 6, node.stderr
     for line in logins:
-        assert line.endswith(" (zlib)") is setup.compression, line
+        assert line.endswith(" (lz4)") is setup.compression, line
 
 
 async def test_messages_read_with_the_bind_answer_are_kept(

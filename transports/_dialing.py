@@ -43,6 +43,15 @@ def _check_target(item: object) -> None:
         raise ConfigurationError(f"a target is a URL or a connectable, not {item!r}")
 
 
+def _compression(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None or isinstance(value, bool) or value in ALGORITHMS:
+        return
+    raise ConfigurationError(
+        f"compression must be true, false or one of {', '.join(map(repr, ALGORITHMS))}, "
+        f"got {value!r}"
+    )
+
+
 @attrs.frozen
 class Remote:
     """A target with login settings of its own; each ``None`` is the
@@ -56,8 +65,9 @@ class Remote:
     """The password there."""
     tls: TlsSettings | None = None
     """What to trust and the certificate to show there."""
-    compression: bool | None = None
-    """Whether to ask that node to compress the connection."""
+    compression: bool | str | None = attrs.field(default=None, validator=_compression)
+    """Whether to ask that node to compress the connection, or with which algorithm
+    (as :attr:`ConnectSettings.compression`); ``None``: as the common settings say."""
     window: int | None = attrs.field(default=None)
     """For a link: the guaranteed messages in flight on each flow it binds there (to
     the queues it pulls), instead of the flow's own window."""
@@ -98,6 +108,14 @@ def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: obje
         raise ConfigurationError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
+def compression_offer(compression: bool | str | None) -> list[str]:
+    """The algorithms a HELLO offers for a ``compression`` setting: all this version
+    speaks, fastest first, for ``True``; the one named; none for ``False``/``None``."""
+    if compression is True:
+        return list(ALGORITHMS)
+    return [compression] if isinstance(compression, str) else []
+
+
 def target_name(target: Target | Remote) -> str:
     """How a target is named in logs and errors."""
     if isinstance(target, Remote):
@@ -128,8 +146,11 @@ class ConnectSettings:
     """Have the node stamp the direct messages the session publishes."""
     tls: TlsSettings | None = None
     """Trust, certificate and checks for ``tls://`` targets (default: system CAs)."""
-    compression: bool = False
-    """Ask the node to compress the connection."""
+    compression: bool | str = attrs.field(default=False, validator=_compression)
+    """Ask the node to compress the connection: ``True`` offers every algorithm this
+    version speaks, fastest first (``"lz4"``, then ``"zlib"``), and the node takes the
+    first it speaks too; ``"lz4"`` or ``"zlib"`` offers that one alone (zlib's smaller
+    output can pay on a slow link, see :doc:`/how-to/remote-sessions`)."""
     reconnect: bool = True
     """After a lost connection, reconnect with backoff (the first connection is not
     retried: its failure raises)."""
@@ -181,7 +202,7 @@ class ConnectSettings:
         if client_name is not None:
             hello["client_name"] = client_name
         if self.compression:
-            hello["compression"] = list(ALGORITHMS)
+            hello["compression"] = compression_offer(self.compression)
         return hello
 
 
@@ -242,7 +263,7 @@ class Dialer:
             if remote.compression is not None:
                 hello.pop("compression", None)
                 if remote.compression:
-                    hello["compression"] = list(ALGORITHMS)
+                    hello["compression"] = compression_offer(remote.compression)
             if remote.tls is not None:
                 tls = remote.tls
         stream = await self._connect(target, tls)

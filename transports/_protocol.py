@@ -49,7 +49,7 @@ from ._settings import LOGIN_FRAME_SIZE, MAX_FRAME_SIZE
 
 __all__ = ["PROTOCOL_VERSION", "ConnectionState", "LinkProtocol", "Role"]
 
-_INFLATE_STEP = 1024 * 1024
+_INFLATE_STEP = 256 * 1024
 
 PROTOCOL_VERSION = 1
 """The version a HELLO names; a node refuses versions it does not speak."""
@@ -260,10 +260,10 @@ class LinkProtocol:
         if compression is not None:
             if compression not in ALGORITHMS:
                 raise ProtocolError(f"unknown compression {compression!r}")
-            self._compressor = Compressor()
+            self._compressor = Compressor(compression)
             # One inflate step per receive_data call, at most 1 MiB (or one frame's limit):
             # the I/O layer calls again while has_pending_input, before reading more.
-            self._decompressor = Decompressor(min(self.max_frame_size, _INFLATE_STEP))
+            self._decompressor = Decompressor(min(self.max_frame_size, _INFLATE_STEP), compression)
         self.compression = compression
         self.state = ConnectionState.OPEN
         decoder = self._decoder

@@ -39,7 +39,7 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "'ACME 101.5' (TTL 50 ms, no consumer) reached 'quotes-dmq'" in out
     # remote sessions: certificate logins over TLS, refusal without one, both delivery modes
     assert "over plain TCP: connect denied for user 'sensor': login refused" in out
-    assert "compression=zlib" in out
+    assert "compression=lz4" in out
     assert "ops got plant/boiler/pressure = 2.4 bar" in out
     assert "ops acked guaranteed alarms/boiler = 'pressure high'" in out
     assert "TLS listener: 2 logins; TCP listener refused 1" in out

@@ -7,6 +7,7 @@ import struct
 import zlib
 from typing import Any
 
+import lz4.frame
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -287,10 +288,21 @@ def inflate_all(decompressor: Decompressor, data: bytes) -> bytes:
     return b"".join(out)
 
 
-def test_zlib_is_the_algorithm() -> None:
-    assert ALGORITHMS == ("zlib",)
+def test_lz4_is_preferred_and_zlib_kept_for_older_peers() -> None:
+    assert ALGORITHMS == ("lz4", "zlib")
 
 
+def test_an_unknown_algorithm_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="unknown compression 'brotli'"):
+        Compressor("brotli")
+    with pytest.raises(ProtocolError, match="unknown compression 'brotli'"):
+        Decompressor(1024, "brotli")
+
+
+algorithms = pytest.mark.parametrize("algorithm", ALGORITHMS)
+
+
+@algorithms
 @settings(max_examples=200, deadline=None)
 @given(
     writes=st.lists(
@@ -299,18 +311,19 @@ def test_zlib_is_the_algorithm() -> None:
     max_output=st.sampled_from([1, 7, 512, 4096, 1 << 20]),
 )
 def test_writes_sharing_one_stream_each_decode_at_once(
-    writes: list[bytes], max_output: int
+    algorithm: str, writes: list[bytes], max_output: int
 ) -> None:
-    compressor = Compressor()
-    decompressor = Decompressor(max_output=max_output)
+    compressor = Compressor(algorithm)
+    decompressor = Decompressor(max_output, algorithm)
     for data in writes:
         assert inflate_all(decompressor, compressor.compress(data)) == data
         assert not decompressor.has_more
 
 
-def test_the_dictionary_carries_over_between_writes() -> None:
-    compressor = Compressor()
-    decompressor = Decompressor(1 << 20)
+@algorithms
+def test_the_dictionary_carries_over_between_writes(algorithm: str) -> None:
+    compressor = Compressor(algorithm)
+    decompressor = Decompressor(1 << 20, algorithm)
     message = encode_frame(FrameKind.DELIVER, ["orders/eu/new", "client-1", 1.5], b"q" * 50)
     first = compressor.compress(message)
     second = compressor.compress(message)
@@ -319,12 +332,13 @@ def test_the_dictionary_carries_over_between_writes() -> None:
     assert inflate_all(decompressor, second) == message
 
 
-def test_compressed_bytes_split_anywhere_decode() -> None:
-    compressor = Compressor()
+@algorithms
+def test_compressed_bytes_split_anywhere_decode(algorithm: str) -> None:
+    compressor = Compressor(algorithm)
     data = b"".join(encode_frame(FrameKind.PING, {"n": n}) for n in range(50))
     compressed = compressor.compress(data)
     for cut in range(0, len(compressed) + 1, 7):
-        decompressor = Decompressor(64)
+        decompressor = Decompressor(64, algorithm)
         got = inflate_all(decompressor, compressed[:cut]) + inflate_all(
             decompressor, compressed[cut:]
         )
@@ -335,14 +349,17 @@ def test_compressed_bytes_split_anywhere_decode() -> None:
     "data",
     [b"not zlib at all", b"\x78\x9c\xff\xff\xff\xff", b"\x00" * 20],
 )
-def test_corrupt_data_is_a_protocol_error(data: bytes) -> None:
+@algorithms
+def test_corrupt_data_is_a_protocol_error(algorithm: str, data: bytes) -> None:
     with pytest.raises(ProtocolError, match="compressed data is corrupt"):
-        inflate_all(Decompressor(1024), data)
+        # (padded: an LZ4 decoder waits for a whole frame header before it judges one)
+        inflate_all(Decompressor(1024, algorithm), data + b"\xff" * 8)
 
 
-def test_corruption_later_in_the_stream_is_a_protocol_error() -> None:
-    compressor = Compressor()
-    decompressor = Decompressor(1024)
+@algorithms
+def test_corruption_later_in_the_stream_is_a_protocol_error(algorithm: str) -> None:
+    compressor = Compressor(algorithm)
+    decompressor = Decompressor(1024, algorithm)
     assert inflate_all(decompressor, compressor.compress(b"hello")) == b"hello"
     bad = bytearray(compressor.compress(b"world" * 100))
     bad[1] ^= 0xFF
@@ -351,17 +368,20 @@ def test_corruption_later_in_the_stream_is_a_protocol_error() -> None:
         inflate_all(decompressor, bytes(bad) + b"\xff" * 8)
 
 
-def test_a_finished_stream_is_a_protocol_error() -> None:
-    finished = zlib.compress(b"the end")  # Z_FINISH: the stream claims to be over
+@algorithms
+def test_a_finished_stream_is_a_protocol_error(algorithm: str) -> None:
+    # The stream claims to be over: zlib's Z_FINISH, LZ4's end mark.
+    finished = (zlib.compress if algorithm == "zlib" else lz4.frame.compress)(b"the end")
     with pytest.raises(ProtocolError, match="compressed stream ended before the connection"):
-        Decompressor(1024).decompress(finished)
+        Decompressor(1024, algorithm).decompress(finished)
 
 
-def test_a_decompression_bomb_inflates_at_most_max_output_per_step() -> None:
+@algorithms
+def test_a_decompression_bomb_inflates_at_most_max_output_per_step(algorithm: str) -> None:
     size = 50 * 1024 * 1024
-    bomb = Compressor().compress(bytes(size))
+    bomb = Compressor(algorithm).compress(bytes(size))
     assert len(bomb) < size // 100
-    decompressor = Decompressor(max_output=1024 * 1024)
+    decompressor = Decompressor(1024 * 1024, algorithm)
     total = steps = 0
     out = decompressor.decompress(bomb)
     while True:

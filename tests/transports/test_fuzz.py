@@ -33,6 +33,7 @@ from typing import Any
 
 import anyio
 import attrs
+import lz4.frame
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -52,7 +53,7 @@ from meshbus.transports import (
 )
 from meshbus.transports import _events as ev
 from meshbus.transports._codec import decode_deliver_batch, options_to_wire
-from meshbus.transports._compression import Compressor
+from meshbus.transports._compression import ALGORITHMS, Compressor
 from meshbus.transports._framing import HEADER_DEPTH_LIMIT
 from tests.fuzzing import mutate, nested_json
 
@@ -319,27 +320,36 @@ def oversized(draw: st.DrawFn) -> Attack:
 
 
 @functools.cache
-def bombs() -> dict[str, tuple[bytes, str]]:
-    """Compressed bodies that inflate to far more than a frame: (bytes, logged reason)."""
-    zeros = Compressor().compress(bytes(50 * 1024 * 1024))  # 50 MB, ~230 kB compressed
-    huge_frame = Compressor().compress(
-        PREFIX.pack(40 * 1024 * 1024, K.PUBLISH, 5) + b'["t"]' + bytes(10 * 1024 * 1024)
-    )
-    finished = zlib.compress(encode_frame(K.PING, {}) * 1000)  # Z_FINISH: the stream ends
-    return {
-        "zeros": (zeros, "frame length 0 is shorter than a frame header"),
-        "huge frame": (huge_frame, "frame of 41943040 bytes is larger than the limit of 65536"),
-        "finished": (finished, "compressed stream ended before the connection"),
-    }
+def bombs() -> dict[tuple[str, str], tuple[bytes, str]]:
+    """Compressed bodies that inflate to far more than a frame, for each algorithm:
+    (algorithm, name) -> (bytes, logged reason)."""
+    made: dict[tuple[str, str], tuple[bytes, str]] = {}
+    for algorithm in ALGORITHMS:
+        # 50 MB of zeros: ~50 kB with zlib, ~200 kB with LZ4
+        zeros = Compressor(algorithm).compress(bytes(50 * 1024 * 1024))
+        huge_frame = Compressor(algorithm).compress(
+            PREFIX.pack(40 * 1024 * 1024, K.PUBLISH, 5) + b'["t"]' + bytes(10 * 1024 * 1024)
+        )
+        # the stream ends: zlib's Z_FINISH, LZ4's end mark
+        finish = zlib.compress if algorithm == "zlib" else lz4.frame.compress
+        finished = finish(encode_frame(K.PING, {}) * 1000)
+        made[algorithm, "zeros"] = (zeros, "frame length 0 is shorter than a frame header")
+        made[algorithm, "huge frame"] = (
+            huge_frame,
+            "frame of 41943040 bytes is larger than the limit of 65536",
+        )
+        made[algorithm, "finished"] = (finished, "compressed stream ended before the connection")
+    return made
 
 
 @st.composite
 def compressed_bombs(draw: st.DrawFn) -> Attack:
-    """A decompression bomb after a login that negotiated zlib, whole, cut or mutated."""
-    name = draw(st.sampled_from(sorted(bombs())))
-    body, reason = bombs()[name]
+    """A decompression bomb after a login that negotiated zlib or LZ4, whole, cut or
+    mutated."""
+    algorithm, name = draw(st.sampled_from(sorted(bombs())))
+    body, reason = bombs()[algorithm, name]
     how = draw(st.sampled_from(["whole", "whole", "truncated", "mutated"]))
-    hello = {"compression": ["zlib"]}
+    hello = {"compression": [algorithm]}
     if how == "whole":
         writes = (draw(st.integers(0, len(body))),) if draw(st.booleans()) else ()
         return Attack(body, hello, True, writes, reason=re.escape(reason))

@@ -12,7 +12,14 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from meshbus import AuthenticationError, ManualClock, Message, Node, TransportError
+from meshbus import (
+    AuthenticationError,
+    ConfigurationError,
+    ManualClock,
+    Message,
+    Node,
+    TransportError,
+)
 from meshbus.transports import (
     ListenerSettings,
     RemoteSession,
@@ -21,6 +28,9 @@ from meshbus.transports import (
     connect,
     start_server,
 )
+from meshbus.transports._framing import FrameKind
+from meshbus.transports._protocol import ConnectionState, LinkProtocol, Role
+from meshbus.transports._settings import MAX_FRAME_SIZE
 
 from .conftest import Certificates, wait_until
 
@@ -433,7 +443,7 @@ async def test_compression(
         connect(server.url, vpn="certs" if tls else "default", tls=client, compression=True) as a,
         connect(server.url, vpn="certs" if tls else "default", tls=client) as b,
     ):
-        assert a.welcome["compression"] == "zlib"
+        assert a.welcome["compression"] == "lz4"  # the first both sides speak
         assert b.welcome["compression"] is None
         a.subscribe("zip/>")
         b.subscribe("zip/>")
@@ -454,6 +464,39 @@ async def test_compression(
     stats = server.statistics()
     assert stats.bytes_received < len(big)
     assert stats.bytes_sent < 6 * len(big)
+
+
+async def test_a_client_offering_only_zlib_gets_zlib(node: Node) -> None:
+    # A client of a version before LZ4 offers zlib alone: the node still compresses.
+    server = await start_server(node, ListenerSettings(port=0))
+    async with await anyio.connect_tcp("127.0.0.1", server.port) as stream:
+        protocol = LinkProtocol(Role.CLIENT, max_frame_size=MAX_FRAME_SIZE)
+        protocol.hello({"vpn": "default", "compression": ["zlib"]})
+        await stream.send(protocol.data_to_send())
+        with anyio.fail_after(5):
+            while protocol.state is ConnectionState.HANDSHAKE:
+                protocol.receive_data(await stream.receive())
+        assert protocol.compression == "zlib"
+        protocol.send(FrameKind.SUBSCRIBE, {"id": 1, "subscription": "old/>"})
+        await stream.send(protocol.data_to_send())
+        with anyio.fail_after(5):
+            answers: list[object] = []
+            while not answers:
+                answers = protocol.receive_data(await stream.receive())
+        assert answers[0][0] == FrameKind.OK  # type: ignore[index]
+
+
+@pytest.mark.parametrize("algorithm", ["lz4", "zlib"])
+async def test_a_client_may_offer_one_algorithm(node: Node, algorithm: str) -> None:
+    server = await start_server(node, ListenerSettings(port=0))
+    async with connect(server.url, compression=algorithm) as session:
+        assert session.welcome["compression"] == algorithm
+        await check_messages_flow(session, b"y" * 10_000)
+
+
+def test_an_unknown_algorithm_is_refused_before_connecting() -> None:
+    with pytest.raises(ConfigurationError, match="compression must be true, false or one of"):
+        connect("tcp://127.0.0.1:1", compression="brotli")
 
 
 async def test_compression_refused_by_the_listener(node: Node) -> None:
