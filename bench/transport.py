@@ -386,6 +386,9 @@ def throughput_phase(work: Path, args: argparse.Namespace, meshbus_why: str | No
         if t is None:
             continue
         versus = f" = {ratio(t.rate, tcp.rate)} tcp" if tcp is not None else ""
+        if label == "tls+compression" and tcp is not None:
+            ok = t.rate >= 0.8 * tcp.rate and t.received == t.expected
+            versus += f" (target >= 0.8x tcp, nothing lost) {verdict(ok)}"
         say(f"transport throughput meshbus {label}: {t.rate:,.0f} msg/s{versus} ({t.details()})")
 
 
