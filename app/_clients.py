@@ -182,8 +182,10 @@ _TEXT_OPTIONS = {
 }
 
 
-def _check_text(args: argparse.Namespace) -> None:
-    for name, option in _TEXT_OPTIONS.items():
+def _check_text(args: argparse.Namespace, options: dict[str, str] = _TEXT_OPTIONS) -> None:
+    """Refuse arguments that are not UTF-8 text, naming the option (``options`` maps an
+    argument's name to its spelling on the command line)."""
+    for name, option in options.items():
         value = getattr(args, name, None)
         for each in value if isinstance(value, list) else [value]:
             if isinstance(each, str) and not each.isascii():

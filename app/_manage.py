@@ -10,7 +10,6 @@ logged in to.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -83,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``show`` or ``queue``; print errors as one line and return 1."""
     try:
         _check_text(args)
-        _check_own_text(args)
+        _check_text(args, _OWN_TEXT)
         if args.command == "queue":
             _check_queue_args(args)
         run_on_loop(_show if args.command == "show" else _queue, args)
@@ -105,20 +104,6 @@ _OWN_TEXT = {
     "subscription": "--subscription",
     "dead_message_queue": "--dead-message-queue",
 }
-
-
-def _check_own_text(args: argparse.Namespace) -> None:
-    """Refuse arguments that are not UTF-8, naming them (as ``pub`` and ``sub`` do)."""
-    for name, option in _OWN_TEXT.items():
-        value = getattr(args, name, None)
-        for each in value if isinstance(value, list) else [value]:
-            if isinstance(each, str):
-                try:
-                    each.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise MeshbusError(
-                        f"{option} is not UTF-8 text: {os.fsencode(each)!r}"
-                    ) from None
 
 
 def _check_queue_args(args: argparse.Namespace) -> None:

@@ -36,7 +36,7 @@ import attrs
 
 from meshbus import ConfigurationError, MeshbusError, Node, __version__
 from meshbus.transports import ListenerSettings, MetricsSettings, serve_metrics, start_server
-from meshbus.transports._metrics import prometheus_missing
+from meshbus.transports._metrics import prometheus_missing, split_address
 
 from ._config import NodeConfig, default_config, load_config
 from ._eventloop import LOOPS
@@ -55,12 +55,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
     :raises ValueError: it is not of that form, or the port is not 0 to 65535.
     """
-    host, sep, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT with a port from 0 to 65535, got {text!r}")
-    return host, int(port)
+    return split_address(text)
 
 
 def _address(text: str) -> str:
