@@ -189,14 +189,16 @@ class Queue:
             counts payload bytes, as the store does.
         """
         s = self.settings
-        where = f"queue {s.name!r}"
         if self.deleted:
-            return PublishRejectedError("no-such-queue", where)
+            return PublishRejectedError("no-such-queue", f"queue {s.name!r}")
         if not s.ingress_enabled:
-            return PublishRejectedError("ingress-disabled", where)
+            return PublishRejectedError("ingress-disabled", f"queue {s.name!r}")
         whole = size if message_size is None else message_size
         if whole > s.max_message_size:
-            return PublishRejectedError("too-large", where, s.max_message_size, whole)
+            return PublishRejectedError("too-large", f"queue {s.name!r}", s.max_message_size, whole)
+        if s.max_messages is None and s.max_bytes is None:
+            return None  # no quota: nothing to count (this runs for every publish)
+        where = f"queue {s.name!r}"
         messages, used = self.usage()
         if s.max_messages is not None and messages + 1 > s.max_messages:
             return PublishRejectedError("over-quota", where, s.max_messages, messages + 1)

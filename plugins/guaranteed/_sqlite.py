@@ -196,9 +196,10 @@ _PUT, _ACK, _MARK, _DROP, _PUT_ACK = range(5)
 class _Ticket:
     """One call's operation, waiting in a batch for its group commit.
 
-    ``event`` is set when the batch is committed (``done``), or earlier to hand this
-    caller the lead (``done`` still false). The caller that leads never waits, so it
-    needs no event: only waiting callers create one.
+    Only the first caller of a batch that has to wait gets an ``event`` of its own: it
+    is the one the lead is handed to (``lead``), and the event is also set when its
+    batch is committed (``done``). The other callers wait on their batch's shared
+    event, so a commit of N callers costs one event, not N.
     """
 
     __slots__ = (
@@ -210,6 +211,7 @@ class _Ticket:
         "error",
         "event",
         "kind",
+        "lead",
         "records",
         "result",
         "sync",
@@ -224,6 +226,7 @@ class _Ticket:
         self.delta: dict[str, list[int]] | None = None  # a put's [messages, bytes] per endpoint
         self.batch: _Batch | None = None
         self.event: anyio.Event | None = None
+        self.lead = False  # the lead was handed to this caller
         self.done = False
         self.error: SpoolError | None = None
         self.result = 0
@@ -232,10 +235,11 @@ class _Ticket:
 class _Batch:
     """Operations that will share one transaction, in call order."""
 
-    __slots__ = ("delta", "tickets")
+    __slots__ = ("delta", "shared", "tickets")
 
     def __init__(self) -> None:
         self.tickets: list[_Ticket] = []
+        self.shared: anyio.Event | None = None  # what callers without an event wait on
         # What its puts add to each endpoint: stats() counts it before the commit.
         self.delta: dict[str, list[int]] = {}
 
@@ -356,10 +360,10 @@ class SqliteStore(SpoolStore):
     async def put_many(self, messages: Sequence[NewMessage]) -> list[int]:
         self._check_open()
         encoded = validate_messages(messages)
-        await checkpoint_if_cancelled()
         if not messages:
+            await checkpoint_if_cancelled()
             return []
-        self._check_open()
+        # No checkpoint here: _submit withdraws the put if the caller is cancelled.
         rows, refs, delta, ids, persistent = self._new_rows(messages, encoded)
         ticket = _Ticket(_PUT, "", (rows, refs), len(rows), self._full and persistent)
         ticket.delta = delta
@@ -454,24 +458,37 @@ class SqliteStore(SpoolStore):
         return ticket.result
 
     async def _submit(self, ticket: _Ticket) -> None:
-        """Queue ``ticket`` and return once its batch is committed (or raise why not)."""
+        """Queue ``ticket`` and return once its batch is committed (or raise why not).
+
+        A cancelled caller withdraws its operation unless its commit has started, so
+        the callers need no checkpoint of their own before this.
+        """
         batch = self._pending
-        batch.tickets.append(ticket)
+        tickets = batch.tickets
+        tickets.append(ticket)
         ticket.batch = batch
         if ticket.delta is not None:
             _merge(batch.delta, ticket.delta)
         if self._busy:
-            event = ticket.event = anyio.Event()
-            try:
-                await event.wait()
-            except BaseException:  # cancelled
-                self._abandon(ticket, leading=event.is_set())
-                raise
-            if ticket.done:
-                if ticket.error is not None:
-                    raise ticket.error
-                return
-            # else the lead was handed to us
+            if len(tickets) == 1:
+                ticket.event = anyio.Event()  # first in line: the lead may come to it
+            elif batch.shared is None:
+                batch.shared = anyio.Event()
+            while True:
+                event = ticket.event or batch.shared
+                assert event is not None
+                try:
+                    await event.wait()
+                except BaseException:  # cancelled
+                    self._abandon(ticket, leading=ticket.lead and not ticket.done)
+                    raise
+                if ticket.done:
+                    if ticket.error is not None:
+                        raise ticket.error
+                    return
+                if ticket.lead:
+                    break
+                # The shared event woke everyone to reach a new first caller: not us.
         else:
             self._busy = True  # the lead is ours
         # Yield once before taking the batch: callers that are ready to run (typically
@@ -542,15 +559,25 @@ class SqliteStore(SpoolStore):
                 ticket.error = error
                 if ticket.event is not None:
                     ticket.event.set()
+            if batch.shared is not None:
+                batch.shared.set()
             self._hand_off()
 
     def _hand_off(self) -> None:
         """Give the lead to the first caller waiting in the pending batch, or go idle."""
-        tickets = self._pending.tickets
-        if tickets:
-            event = tickets[0].event
-            assert event is not None  # only the lead holder has none, and it is not here
-            event.set()
+        batch = self._pending
+        if batch.tickets:
+            first = batch.tickets[0]
+            first.lead = True
+            if first.event is not None:
+                first.event.set()
+            else:
+                # The caller with the event withdrew: wake the batch's callers (only
+                # the first leads; the others wait again, on a fresh shared event).
+                shared = batch.shared
+                assert shared is not None  # a waiting caller without an event uses it
+                batch.shared = anyio.Event()
+                shared.set()
         else:
             self._busy = False
             if self._idle is not None:

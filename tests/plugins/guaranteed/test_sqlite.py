@@ -286,6 +286,31 @@ async def test_a_cancelled_heir_does_not_stall_the_queue(tmp_path: Path) -> None
         await store.check()
 
 
+async def test_the_first_waiter_withdrawing_hands_the_lead_to_the_next(tmp_path: Path) -> None:
+    # Callers waiting behind a commit share one event, except the first, which the lead
+    # is handed to; if it withdraws, the next one must lead instead of all waiting on.
+    async with SqliteStore(tmp_path / "s.db") as store:
+        scopes: dict[str, anyio.CancelScope] = {}
+        results: dict[str, int] = {}
+
+        async def put(name: str) -> None:
+            with anyio.CancelScope() as scopes[name]:
+                results[name] = await store.put("t", name.encode(), endpoints=["q"])
+
+        async with anyio.create_task_group() as tg, worker_held(store):
+            tg.start_soon(put, "a")  # leads: its commit waits for the worker
+            await anyio.wait_all_tasks_blocked()
+            for name in "bcd":  # b is first in line, c and d share the batch's event
+                tg.start_soon(put, name)
+                await anyio.wait_all_tasks_blocked()
+            scopes["b"].cancel()
+            await anyio.wait_all_tasks_blocked()
+        assert sorted(results) == ["a", "c", "d"]
+        assert [e.message.payload for e in await store.read("q")] == [b"a", b"c", b"d"]
+        assert store.statistics().commits == 2  # c led one commit for itself and d
+        await store.check()
+
+
 async def test_a_leader_cancelled_before_its_commit_passes_the_lead_on(
     tmp_path: Path, anyio_backend: str
 ) -> None:
