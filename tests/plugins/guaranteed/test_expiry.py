@@ -12,7 +12,8 @@ import pytest
 
 from meshbus import StateError
 from meshbus.plugins.guaranteed._memory import MemoryStore
-from meshbus.plugins.guaranteed._sqlite import _READ_EXPIRED, SqliteStore
+from meshbus.plugins.guaranteed._sqlite import SqliteStore
+from meshbus.plugins.guaranteed._sqlite_sql import _READ_EXPIRED
 from meshbus.plugins.guaranteed._store import NewMessage, SpoolEntry, SpoolStore
 
 
