@@ -171,6 +171,9 @@ class SqliteStore(SpoolStore):
         self._busy = False  # some caller holds the lead
         self._idle: anyio.Event | None = None  # close() and check() wait on it
         self._committed: dict[str, tuple[int, int]] = {}  # figures on disk, per endpoint
+        # References this open store wrote already marked delivered (NewMessage.marked)
+        # and that mark_delivered has not counted yet: reads report them undelivered.
+        self._premarked: set[tuple[str, int]] = set()
         self._commits = self._syncs = self._records = 0
 
     def __repr__(self) -> str:
@@ -191,6 +194,7 @@ class SqliteStore(SpoolStore):
         self._next_id = next_id
         self._pending = _Batch()
         self._committed = committed
+        self._premarked = set()
         self._commits = self._syncs = self._records = 0
 
     def _connect(self) -> tuple[sqlite3.Connection, int, dict[str, tuple[int, int]]]:
@@ -263,7 +267,7 @@ class SqliteStore(SpoolStore):
         rows, refs, delta, ids, persistent = self._new_rows(messages, encoded)
         ticket = _Ticket(_PUT, "", (rows, refs), len(rows), self._full and persistent)
         ticket.delta = delta
-        await self._submit(ticket)
+        await self._submit(ticket)  # a failed or withdrawn put forgets its marks there
         return ids
 
     async def put_and_ack(
@@ -280,6 +284,7 @@ class SqliteStore(SpoolStore):
         ticket = _Ticket(_PUT_ACK, endpoint, (rows, refs, gone), records, self._full and persistent)
         ticket.delta = delta
         await self._submit(ticket)
+        self._premarked.difference_update(gone)
         return ids
 
     def _new_rows(
@@ -310,8 +315,13 @@ class SqliteStore(SpoolStore):
                 )
             )
             size = len(payload)
+            marked = message.marked
             for name in endpoints:
-                refs.append((name, message_id))
+                if marked and name in marked:
+                    refs.append((name, message_id, 1))
+                    self._premarked.add((name, message_id))
+                else:
+                    refs.append((name, message_id, 0))
                 figures = delta.get(name)
                 if figures is None:
                     delta[name] = [1, size]
@@ -340,9 +350,21 @@ class SqliteStore(SpoolStore):
         if not ids:
             return 0
         self._check_open()
+        premarked = self._premarked
+        settled: list[tuple[str, int]] = []  # references whose mark is on disk already
+        if premarked:
+            settled = [(endpoint, i) for i in ids if (endpoint, i) in premarked]
+            if settled and kind == _MARK:  # their put wrote the mark: nothing to commit
+                ids = [i for i in ids if (endpoint, i) not in premarked]
+                if not ids:
+                    await checkpoint()
+                    premarked.difference_update(settled)
+                    return len(settled)
         ticket = _Ticket(kind, endpoint, [(endpoint, i) for i in ids], len(ids), sync)
         await self._submit(ticket)
-        return ticket.result
+        # Only now: had the call been withdrawn, the references would still be premarked.
+        premarked.difference_update(settled)
+        return ticket.result + (len(settled) if kind == _MARK else 0)
 
     async def drop_endpoint(self, endpoint: str) -> int:
         self._check_open()
@@ -351,6 +373,8 @@ class SqliteStore(SpoolStore):
         self._check_open()
         ticket = _Ticket(_DROP, endpoint, (endpoint,), 1, self._full)
         await self._submit(ticket)
+        if self._premarked:
+            self._premarked = {ref for ref in self._premarked if ref[0] != endpoint}
         return ticket.result
 
     async def _submit(self, ticket: _Ticket) -> None:
@@ -407,6 +431,7 @@ class SqliteStore(SpoolStore):
         batch.tickets.remove(ticket)
         if ticket.delta is not None:
             _merge(batch.delta, ticket.delta, -1)
+            self._forget_marks(ticket)
         if leading:
             self._hand_off()  # pass the lead on, or go idle
 
@@ -453,11 +478,19 @@ class SqliteStore(SpoolStore):
             for ticket in tickets:
                 ticket.done = True
                 ticket.error = error
+                if error is not None and ticket.delta is not None:
+                    self._forget_marks(ticket)
                 if ticket.event is not None:
                     ticket.event.set()
             if batch.shared is not None:
                 batch.shared.set()
             self._hand_off()
+
+    def _forget_marks(self, ticket: _Ticket) -> None:
+        """A put that will not be stored: its references are not premarked after all."""
+        for name, message_id, count in ticket.args[1]:
+            if count:
+                self._premarked.discard((name, message_id))
 
     def _hand_off(self) -> None:
         """Give the lead to the first caller waiting in the pending batch, or go idle."""
@@ -584,7 +617,10 @@ class SqliteStore(SpoolStore):
                         row[5],
                         row[6],
                     )
-                    page.append(SpoolEntry(message, row[7]))
+                    count = row[7]
+                    if count and (endpoint, row[0]) in self._premarked:
+                        count -= 1  # marked by its put, not yet by mark_delivered
+                    page.append(SpoolEntry(message, count))
                     if max_bytes is not None:
                         total += len(payload)
                         if total >= max_bytes:

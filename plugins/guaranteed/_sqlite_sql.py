@@ -56,7 +56,8 @@ PRAGMA user_version = {SCHEMA_VERSION};
 
 # Constant statement texts: sqlite3 caches the prepared statement per text.
 _INSERT_MESSAGE = "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-_INSERT_REF = "INSERT INTO refs (endpoint, message_id) VALUES (?, ?)"
+# (endpoint, message id, delivery count): 1 for a reference of NewMessage.marked
+_INSERT_REF = "INSERT INTO refs VALUES (?, ?, ?)"
 _ADD_TO_ENDPOINT = (
     "INSERT INTO endpoints VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
     " messages = messages + excluded.messages, bytes = bytes + excluded.bytes"

@@ -106,6 +106,16 @@ class NewMessage:
     """Wall-clock expiry time, or ``None``. Stored, not enforced: TTL is the endpoint's job."""
     published_at: float = attrs.field(factory=time.time)
     """Wall-clock time of the publish."""
+    marked: Sequence[str] = ()
+    """Endpoints (of ``endpoints``) expected to hand it to a consumer at once.
+
+    A durable store may write their references already marked delivered, in the put's
+    own commit, so the :meth:`SpoolStore.mark_delivered` that comes next costs no
+    commit (one fsync per message instead of two when one message is in flight).
+    Until then, reads in the same open store report it undelivered; after a restart
+    it counts as delivered once (``redelivered=True``), whether or not it was. A
+    store may ignore it (the memory store does: it has no restart).
+    """
 
 
 class SpoolEntry(NamedTuple):
@@ -446,6 +456,12 @@ def validate_messages(messages: Sequence[NewMessage]) -> list[str]:
             validate_endpoint(endpoint)
         if len(set(endpoints)) != len(endpoints):
             raise ValueError(f"duplicate endpoint in {list(endpoints)!r}")
+        marked = message.marked
+        if marked:
+            if isinstance(marked, str) or not isinstance(marked, Sequence):
+                raise TypeError("marked must be a sequence of endpoint names")
+            if len(set(marked)) != len(marked) or not set(marked) <= set(endpoints):
+                raise ValueError(f"marked {list(marked)!r} must be distinct endpoints it is for")
         if message.expires_at is not None:
             _check_time("expires_at", message.expires_at)
         _check_time("published_at", message.published_at)

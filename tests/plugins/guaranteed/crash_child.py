@@ -1,13 +1,15 @@
 """Child process of test_crash's node test: publish and consume guaranteed messages.
 
-Usage: python crash_child.py DATA_DIR BACKEND TRIAL [drain]
+Usage: python crash_child.py DATA_DIR BACKEND TRIAL [drain | single]
 
 Runs a :class:`meshbus.Node` with ``data_dir=DATA_DIR`` and one queue ``q``
 (subscribed to ``orders/>``). Two publishers send sequence-numbered messages, one with
 ``send_many`` (batches of 1 to 16), one with ``send``; a consumer bound to ``q``
 receives, holds a few messages unacknowledged, then acks them. It runs until the
 parent kills it. With ``drain`` it publishes nothing, consumes until the queue has
-been idle for a moment, and exits cleanly.
+been idle for a moment, and exits cleanly. With ``single`` only the ``send`` publisher
+runs, with one message in flight: it sends the next once the consumer acked the last
+(the path where the delivery mark is written with the put).
 
 Every line is written and flushed right after the call it reports returned, so what
 the log shows had happened before the kill:
@@ -70,14 +72,17 @@ def seq_of(message: Message) -> tuple[int, str | None]:
     return seq, None
 
 
-async def main(data_dir: str, trial: int, drain: bool) -> None:
+async def main(data_dir: str, trial: int, mode: str) -> None:
     rng = random.Random(trial)
+    drain = mode == "drain"
+    single = mode == "single"
+    turn = anyio.Semaphore(1)  # single: the publisher's turn, given back by each ack
     async with Node(plugins=["direct", "guaranteed"], data_dir=data_dir) as node:
         service = node.guaranteed
         queue = service.create_queue(QUEUE, subscriptions=["orders/>"])
         store = service.store
         session = node.connect()
-        window = rng.choice((1, 4, 16, 64))
+        window = 1 if single else rng.choice((1, 4, 16, 64))
         flow = await session.bind(QUEUE, window=window)
         emit("READY\n")
 
@@ -103,6 +108,8 @@ async def main(data_dir: str, trial: int, drain: bool) -> None:
             while True:
                 while backlog() > BACKLOG:
                     await anyio.sleep(0.002)
+                if single:
+                    await turn.acquire()
                 emit(f"SEND {seq} {seq}\n")
                 await session.send(topic_for(seq), payload_for(seq))
                 emit(f"PUB {seq}\n")
@@ -130,6 +137,8 @@ async def main(data_dir: str, trial: int, drain: bool) -> None:
                     for seq, message in held:
                         flow.ack(message)
                         emit(f"ACK {seq}\n")
+                        if single:
+                            turn.release()
                     held.clear()
                     hold = rng.randint(1, window)
             for seq, message in held:
@@ -139,7 +148,8 @@ async def main(data_dir: str, trial: int, drain: bool) -> None:
         with anyio.move_on_after(SELF_DESTRUCT) as deadline:
             async with anyio.create_task_group() as tg:
                 if not drain:
-                    tg.start_soon(publish_many)
+                    if not single:
+                        tg.start_soon(publish_many)
                     tg.start_soon(publish_one)
                 await consume()  # returns only when draining
                 tg.cancel_scope.cancel()
@@ -158,4 +168,4 @@ async def main(data_dir: str, trial: int, drain: bool) -> None:
 
 if __name__ == "__main__":
     directory, backend, trial_number, *mode = sys.argv[1:]
-    anyio.run(main, directory, int(trial_number), mode == ["drain"], backend=backend)
+    anyio.run(main, directory, int(trial_number), "".join(mode), backend=backend)

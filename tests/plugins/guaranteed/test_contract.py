@@ -249,6 +249,17 @@ BAD_CALLS: list[tuple[str, Callable[[SpoolStore], Awaitable[object]], type[Excep
     ),
     ("expires str", lambda s: s.put("t", b"x", endpoints=["q"], expires_at="soon"), TypeError),  # type: ignore[arg-type]
     ("put_many item", lambda s: s.put_many([("t", b"x", ["q"])]), TypeError),  # type: ignore[list-item]
+    ("marked a str", lambda s: s.put_many([NewMessage("t", b"x", ["q"], marked="q")]), TypeError),
+    (
+        "marked not held",
+        lambda s: s.put_many([NewMessage("t", b"x", ["q"], marked=["r"])]),
+        ValueError,
+    ),
+    (
+        "marked twice",
+        lambda s: s.put_many([NewMessage("t", b"x", ["q", "r"], marked=["q", "q"])]),
+        ValueError,
+    ),
     ("ack id str", lambda s: s.ack("q", ["1"]), TypeError),  # type: ignore[list-item]
     ("ack ids a str", lambda s: s.ack("q", "1"), TypeError),  # type: ignore[arg-type]
     ("ack id too big", lambda s: s.ack("q", [2**63]), ValueError),

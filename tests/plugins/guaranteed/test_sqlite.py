@@ -343,6 +343,43 @@ async def test_a_leader_cancelled_before_its_commit_passes_the_lead_on(
         await store.check()
 
 
+async def test_a_mark_written_with_the_put_costs_no_commit(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with SqliteStore(path) as store:
+        (held, handed) = await store.put_many(
+            [
+                NewMessage("t", b"held", ["q", "r"], marked=["r"]),
+                NewMessage("t", b"handed", ["q", "r"], marked=["q", "r"]),
+            ]
+        )
+        # Until mark_delivered counts it, it reads as never delivered.
+        assert [e.delivery_count for e in await store.read("q")] == [0, 0]
+        assert [e.delivery_count for e in await store.read("r")] == [0, 0]
+        commits = store.statistics().commits
+        assert await store.mark_delivered("q", [held, handed]) == 2  # handed was premarked
+        assert await store.mark_delivered("r", [handed]) == 1
+        assert store.statistics().commits == commits + 1  # only held's mark on q
+        assert [e.delivery_count for e in await store.read("q")] == [1, 1]
+        assert [e.delivery_count for e in await store.read("r")] == [0, 1]
+        await store.check()
+    async with SqliteStore(path) as store:
+        assert [e.delivery_count for e in await store.read("q")] == [1, 1]
+        assert [e.delivery_count for e in await store.read("r")] == [1, 1]
+
+
+async def test_a_premarked_message_comes_back_flagged_after_a_restart(tmp_path: Path) -> None:
+    # The mark is on disk with the put: whether or not it was handed out before the
+    # process went away, the next store reports it delivered once.
+    path = tmp_path / "s.db"
+    async with SqliteStore(path) as store:
+        first = await store.put_many([NewMessage("t", b"x", ["q"], marked=["q"])])
+        acked = await store.put_many([NewMessage("t", b"y", ["q"], marked=["q"])])
+        await store.ack("q", acked)
+        assert store._premarked == {("q", first[0])}  # the ack forgot the other one
+    async with SqliteStore(path) as store:
+        assert [(e.message.payload, e.delivery_count) for e in await store.read("q")] == [(b"x", 1)]
+
+
 async def test_close_finishes_queued_commits(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = SqliteStore(path)
