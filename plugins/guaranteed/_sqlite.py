@@ -7,7 +7,9 @@ Durability, exactly (``durability="full"``, the default):
   survives a process crash (kill -9), an OS crash and a power loss.
 * ``mark_delivered`` and ``drop_endpoint`` are synced the same way, so a message handed
   to a consumer after ``mark_delivered`` returned is flagged ``redelivered`` after any
-  crash (SPEC 4: nothing delivered twice without that flag).
+  crash (SPEC 4: nothing delivered twice without that flag). A reference the put wrote
+  already marked (``NewMessage.marked``) was synced with the put: its mark_delivered
+  commits nothing.
 * ``ack`` and puts of only **non-persistent** messages commit without their own fsync:
   once the call returns they survive a process crash (the log is written, and the OS
   keeps it), and they reach the disk with the next synced commit or checkpoint. A power
