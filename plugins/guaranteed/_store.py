@@ -434,27 +434,44 @@ def decode_headers(text: str) -> dict[str, Any]:
     return headers
 
 
+# Endpoint names already found valid: a store sees the same few names over and over.
+_valid_endpoints: set[str] = set()
+_VALID_ENDPOINTS_KEPT = 4096
+
+
+def _check_endpoints(endpoints: Sequence[str]) -> None:
+    for endpoint in endpoints:
+        if type(endpoint) is str and endpoint in _valid_endpoints:
+            continue
+        validate_endpoint(endpoint)
+        if len(_valid_endpoints) < _VALID_ENDPOINTS_KEPT:
+            _valid_endpoints.add(endpoint)
+
+
 def validate_messages(messages: Sequence[NewMessage]) -> list[str]:
     """Check every message; return their headers encoded by :func:`encode_headers`."""
     encoded = []
     for message in messages:
         if type(message) is not NewMessage:
             raise TypeError(f"expected NewMessage, not {type(message).__name__}")
-        if type(message.topic) is not str:
-            raise TypeError(f"topic must be a str, not {type(message.topic).__name__}")
-        if not message.topic:
+        topic = message.topic
+        if type(topic) is not str:
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+        if not topic:
             raise ValueError("topic must not be empty")
-        _check_text("topic", message.topic)
+        if not topic.isascii():
+            _check_text("topic", topic)
         if type(message.payload) is not bytes:
             raise TypeError(f"payload must be bytes, not {type(message.payload).__name__}")
         endpoints = message.endpoints
-        if isinstance(endpoints, str) or not isinstance(endpoints, Sequence):
+        if type(endpoints) is not tuple and (
+            isinstance(endpoints, str) or not isinstance(endpoints, Sequence)
+        ):
             raise TypeError("endpoints must be a sequence of endpoint names")
         if not endpoints:
-            raise ValueError(f"message to {message.topic!r} has no endpoint to hold it")
-        for endpoint in endpoints:
-            validate_endpoint(endpoint)
-        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"message to {topic!r} has no endpoint to hold it")
+        _check_endpoints(endpoints)
+        if len(endpoints) > 1 and len(set(endpoints)) != len(endpoints):
             raise ValueError(f"duplicate endpoint in {list(endpoints)!r}")
         marked = message.marked
         if marked:
@@ -462,8 +479,11 @@ def validate_messages(messages: Sequence[NewMessage]) -> list[str]:
                 raise TypeError("marked must be a sequence of endpoint names")
             if len(set(marked)) != len(marked) or not set(marked) <= set(endpoints):
                 raise ValueError(f"marked {list(marked)!r} must be distinct endpoints it is for")
-        if message.expires_at is not None:
-            _check_time("expires_at", message.expires_at)
-        _check_time("published_at", message.published_at)
+        expires_at = message.expires_at
+        if expires_at is not None and not (type(expires_at) is float and expires_at == expires_at):
+            _check_time("expires_at", expires_at)
+        published_at = message.published_at
+        if not (type(published_at) is float and published_at == published_at):  # NaN != NaN
+            _check_time("published_at", published_at)
         encoded.append(encode_headers(message.headers))
     return encoded
