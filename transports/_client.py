@@ -117,7 +117,8 @@ class RemoteSession(SessionCalls):
         #: caused by what ended it). ``None`` while open and after the application closed it.
         self.lost: TransportError | None = None
         self._kick = anyio.Event()
-        self._written = anyio.Event()
+        # Set after the writer's next write; made by flush() only when someone waits.
+        self._written: anyio.Event | None = None
         self._stack: AsyncExitStack | None = None
         self._supervisor_scope = anyio.CancelScope()
         self._supervisor_done = anyio.Event()
@@ -395,13 +396,18 @@ class RemoteSession(SessionCalls):
     async def _writer(self) -> None:
         connection = self._connection
         assert connection is not None
+        protocol = connection.protocol
         while True:
             await self._kick.wait()
             self._kick = anyio.Event()
-            self._encode_pending()
-            await connection.flush()
-            self._written.set()
-            self._written = anyio.Event()
+            written, self._written = self._written, None  # those waiting for this write
+            # A receive() that was about to wait has usually written what the publish
+            # that kicked us buffered (_write_before_waiting): then there is nothing left.
+            if self._pending or protocol.out:
+                self._encode_pending()
+                await connection.flush()
+            if written is not None:
+                written.set()
 
     async def _keepalive(self, connection: Connection) -> None:
         interval = float(self.welcome["keepalive"])

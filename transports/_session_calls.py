@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
+import anyio
 import attrs
 
 from meshbus._egress import Egress
@@ -199,6 +200,8 @@ class SessionCalls:
         protocol = self._protocol
         if self._connected and protocol is not None and (protocol.out or self._pending):
             written = self._written
+            if written is None:
+                written = self._written = anyio.Event()
             self._kick.set()
             await written.wait()
 
