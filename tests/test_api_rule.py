@@ -104,6 +104,7 @@ TABLE: dict[type, dict[str, tuple[bool, str]]] = {
         "filters": (AT_ONCE, LOOKUP),
         "refusal": (AT_ONCE, LOOKUP),
         "may_deliver_to": (AT_ONCE, LOOKUP),
+        "delivers_at_once": (AT_ONCE, LOOKUP),
         "reserve": (AT_ONCE, MEMORY),
         "unreserve": (AT_ONCE, MEMORY),
         "stored": (AT_ONCE, MEMORY),
