@@ -13,7 +13,7 @@ from ._asyncio_tcp import READ_HIGH_WATER, AsyncioTcpStream, adopt_tcp_stream
 from ._backoff import Backoff
 from ._client import RemoteSession, connect
 from ._config_tables import read_backoff_table, read_listener_tls_table, read_tls_table
-from ._dialing import ConnectSettings, Remote, Target
+from ._dialing import ConnectSettings, Remote, Target, validate_compression
 from ._events import Advertise
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._link import WireLink, open_link
@@ -102,4 +102,5 @@ __all__ = [
     "read_listener_tls_table",
     "read_tls_table",
     "start_server",
+    "validate_compression",
 ]

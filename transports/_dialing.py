@@ -43,13 +43,23 @@ def _check_target(item: object) -> None:
         raise ConfigurationError(f"a target is a URL or a connectable, not {item!r}")
 
 
-def _compression(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None or isinstance(value, bool) or value in ALGORITHMS:
+def validate_compression(value: object) -> None:
+    """Check a ``compression`` setting: ``True`` (offer every algorithm this install
+    has), ``False`` (none) or the name of one algorithm to offer alone.
+
+    :raises ConfigurationError: naming the algorithms this install can negotiate.
+    """
+    if isinstance(value, bool) or (isinstance(value, str) and value in ALGORITHMS):
         return
     raise ConfigurationError(
         f"compression must be true, false or one of {', '.join(map(repr, ALGORITHMS))}, "
         f"got {value!r}"
     )
+
+
+def _compression(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:  # a Remote's None: as the common settings say
+        validate_compression(value)
 
 
 @attrs.frozen

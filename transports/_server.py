@@ -327,16 +327,18 @@ class Server:
             )
             vpn.links.attach(link)
             welcome = self._welcome(session, {"link": login.kind})
-            connection.protocol.accept(welcome, compression=self._compression(hello))
+            compression = self._compression(hello)
+            connection.protocol.accept(welcome, compression=compression)
             slot.release()
             self.logins += 1
             log.info(
-                "link from %s: %r of node %s as %r in VPN %r",
+                "link from %s: %r of node %s as %r in VPN %r%s",
                 connection.peer,
                 login.name,
                 login.node,
                 session.username,
                 vpn.name,
+                f" ({compression})" if compression else "",
             )
             try:
                 await link.serve(

@@ -41,7 +41,13 @@ from meshbus import (
 )
 from meshbus.plugins.hopcount import SETTINGS as HOP_SETTINGS
 from meshbus.plugins.hopcount import HopCountSettings
-from meshbus.transports import Backoff, ConnectSettings, TlsSettings, WireLink
+from meshbus.transports import (
+    Backoff,
+    ConnectSettings,
+    TlsSettings,
+    WireLink,
+    validate_compression,
+)
 
 from ._local_pull import pull_local
 from ._mapping import NO_MATCH, Mapped, TopicMapper, TopicMapping, directions
@@ -64,6 +70,10 @@ def _hop_limit(instance: object, attribute: attrs.Attribute[Any], value: object)
 def _window(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65_535:
         raise ValueError(f"must be an int from 1 to 65535, got {value!r}")
+
+
+def _check_compression(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    validate_compression(value)
 
 
 def _seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -91,8 +101,9 @@ class BridgeSettings:
     """Its password (basic authentication)."""
     tls: TlsSettings | None = None
     """TLS settings for ``tls://`` remotes (a client certificate authenticates)."""
-    compression: bool = False
-    """Compress the connection."""
+    compression: bool | str = attrs.field(default=False, validator=_check_compression)
+    """Compress the connection: ``True`` (the best algorithm both ends have), or the
+    name of one (``"lz4"``, ``"zlib"``)."""
     subscriptions: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     """Filters asked of the remote VPN whose messages cross under their own topics."""
     queues: tuple[str, ...] = attrs.field(default=(), converter=tuple)

@@ -37,7 +37,7 @@ import attrs
 
 from meshbus import ConfigContext, ConfigReader, ConfigSection, ConfigurationError, Vpn
 from meshbus.plugins.mqtt import MqttBridgeOptions, MqttRemote, is_mqtt_url
-from meshbus.transports import Remote, read_backoff_table, read_tls_table
+from meshbus.transports import Remote, read_backoff_table, read_tls_table, validate_compression
 
 from ._bridge import BRIDGE, BridgeSettings, open_bridge
 from ._mapping import TopicMapping, directions
@@ -80,11 +80,17 @@ def _read_remotes(reader: ConfigReader, raw: object, where: str) -> tuple[Any, .
         for key, hint in (
             ("username", str),
             ("password", str),
-            ("compression", bool),
+            ("compression", bool | str),
             ("window", int),
         ):
             if key in item:
                 values[key] = reader.value(item[key], hint, reader.join(at, key))
+        if "compression" in values:
+            try:
+                validate_compression(values["compression"])
+            except ConfigurationError as exc:
+                reader.report(reader.join(at, "compression"), str(exc))
+                values["compression"] = None
         if "tls" in item:
             values["tls"] = read_tls_table(reader, item["tls"], reader.join(at, "tls"))
         if None in values.values():

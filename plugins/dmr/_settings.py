@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from meshbus import ConfigurationError
-from meshbus.transports import Backoff, TlsSettings
+from meshbus.transports import Backoff, TlsSettings, validate_compression
 
 __all__ = ["DmrSettings", "Peer"]
 
@@ -23,6 +23,10 @@ def _identity(instance: object, attribute: attrs.Attribute[Any], value: object) 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigurationError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _compression(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    validate_compression(value)
 
 
 def _count(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -84,7 +88,9 @@ class DmrSettings:
     password: str | None = None
     tls: TlsSettings | None = None
     """For ``tls://`` peers."""
-    compression: bool = False
+    compression: bool | str = attrs.field(default=False, validator=_compression)
+    """Compress the links: ``True`` (the best algorithm both ends have), or the name of
+    one (``"lz4"``, ``"zlib"``)."""
     backoff: Backoff = attrs.field(factory=lambda: Backoff(initial=0.5, maximum=5.0))
     """Between reconnects to a peer (a peer that comes back is redialled at once)."""
     window: int = attrs.field(default=255, validator=_count)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 import pytest
 
@@ -11,6 +13,7 @@ from meshbus.plugins import hopcount
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, bridges, open_bridge, totals
 from meshbus.plugins.hopcount import HopCountSettings
 from meshbus.transports import Remote, TlsSettings, connect
+from meshbus.transports._compression import ALGORITHMS
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
@@ -658,3 +661,23 @@ async def test_a_same_node_bridge_drains_several_queues_and_stops(mesh: Mesh) ->
     await sender.send("Q1/c", b"stays")
     await mesh.clock.settle()
     assert node.guaranteed.queue("Q1", vpn="office").usage()[0] == 1  # no flow takes it now
+
+
+@pytest.mark.parametrize("algorithm", ["zlib", True])
+async def test_a_bridge_compresses_with_the_algorithm_it_names(
+    mesh: Mesh, caplog: pytest.LogCaptureFixture, algorithm: bool | str
+) -> None:
+    caplog.set_level(logging.INFO)
+    local, far = await start_pair(mesh)
+    settings = remote_bridge(mesh, subscriptions=["a/>"], compression=algorithm)
+    bridge = open_bridge(local.vpn(), settings)
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    everything = reader(local)
+    publisher = far.connect(client_name="pub")
+    for i in range(50):
+        publisher.publish("a/x", b"%d" % i * 100)
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(everything)] == [b"%d" % i * 100 for i in range(50)]
+    logins = [r.getMessage() for r in caplog.records if r.getMessage().startswith("link from")]
+    expected = "zlib" if algorithm == "zlib" else ALGORITHMS[0]
+    assert any(line.endswith(f"({expected})") for line in logins), logins

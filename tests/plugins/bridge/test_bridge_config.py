@@ -175,4 +175,24 @@ def test_every_mistake_of_a_remote_is_listed(tmp_path: Path) -> None:
     ]
     assert problems[3].startswith(f"{at}[3]: ")
     assert "nope" in problems[3]
-    assert problems[-1] == f"{at}[4].compression: expected a boolean, got string 'yes'"
+    assert problems[-1].startswith(f"{at}[4].compression: compression must be true, false or")
+    assert problems[-1].endswith("got 'yes'")
+
+
+def test_compression_may_name_an_algorithm(tmp_path: Path) -> None:
+    text = REMOTES.replace("compression = true", 'compression = "zlib"').replace(
+        'name = "mixed"', 'name = "mixed"\ncompression = "zlib"'
+    )
+    (vpn,) = load(tmp_path, text).vpns
+    (bridge,) = vpn.section("bridges")
+    assert bridge.compression == "zlib"
+    assert bridge.remotes[1].compression == "zlib"
+    with pytest.raises(ConfigurationError) as caught:
+        load(tmp_path, text.replace('"zlib"', '"lz5"'))
+    at = "vpns.default.bridges[0]"
+    problems = [p.split(": ", 1)[1] for p in caught.value.problems]
+    assert sorted(p.split(": ", 1)[0] for p in problems) == [
+        f"{at}.compression",
+        f"{at}.remotes[1].compression",
+    ]
+    assert all(p.endswith("got 'lz5'") for p in problems)

@@ -98,3 +98,12 @@ def test_routing_without_a_cluster_or_to_itself_is_refused(tmp_path: Path) -> No
     assert any("is this node" in p for p in found), found
     found = problems(tmp_path, '[node]\nname = "a1"\ncluster = "A/B"\n')
     assert any("node.cluster" in p for p in found), found
+
+
+def test_compression_may_name_an_algorithm(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text(GOOD + 'compression = "zlib"\n', encoding="utf-8")
+    assert load_config(path, environ={}).section("dmr").compression == "zlib"
+    (problem,) = problems(tmp_path, GOOD + 'compression = "lz5"\n')
+    assert "dmr.compression" in problem
+    assert "got 'lz5'" in problem
