@@ -36,7 +36,7 @@ import anyio.abc
 
 from meshbus._links import Link, LinkState
 from meshbus._messages import HEADER_LIMITS, Envelope, Message
-from meshbus._topics import parse_endpoint_subscription, parse_subscription, validate_topic
+from meshbus._topics import parse_endpoint_subscription, parse_subscription
 from meshbus.errors import (
     AccessDeniedError,
     MeshbusError,
@@ -60,7 +60,8 @@ from ._dialing import ConnectSettings
 from ._framing import FrameKind
 from ._link_adverts import Advertising
 from ._link_dialing import dial
-from ._link_sends import link_send_header, sent_message
+from ._link_guaranteed import GuaranteedFromPeer, Pull
+from ._link_sends import link_send_header
 from ._protocol import ConnectionState
 from ._serving import WRITE_THROUGH, WriteThrough
 from ._wire_errors import error_from
@@ -101,19 +102,7 @@ class _Answer:
         self.on_ok: Callable[[dict[str, Any]], None] | None = None
 
 
-class _Pull:
-    """A flow this side bound to a queue of the peer, and its messages not yet spooled."""
-
-    __slots__ = ("arrived", "messages", "queue", "window")
-
-    def __init__(self, queue: str, window: int) -> None:
-        self.queue = queue
-        self.window = window
-        self.messages: deque[Message] = deque()
-        self.arrived = anyio.Event()
-
-
-class WireLink(Advertising, Link):
+class WireLink(Advertising, GuaranteedFromPeer, Link):
     """A link to a VPN of another node, over one connection at a time.
 
     Make one with :func:`open_link` (this node dials) or let a listener accept one.
@@ -185,7 +174,7 @@ class WireLink(Advertising, Link):
         self.marked = False
         self._requests: dict[int, _Answer] = {}
         self._next_request = 0
-        self._pulled: dict[int, _Pull] = {}
+        self._pulled: dict[int, Pull] = {}
         self._sends: deque[tuple[ev.Send, bytes]] = deque()
         self._sends_waiting = anyio.Event()
         self._sends_room = anyio.Event()
@@ -714,7 +703,7 @@ class WireLink(Advertising, Link):
             if type(number) is not int:
                 raise ProtocolError("a BIND answer must carry the flow's number")
             self.refusals.pop(queue, None)
-            pull = self._pulled[number] = _Pull(queue, window)
+            pull = self._pulled[number] = Pull(queue, window)
             self._start(self._spool_pulled, number, pull)
 
         answer.on_ok = bound
@@ -741,77 +730,6 @@ class WireLink(Advertising, Link):
                 "link %r: the peer closed its flow of %s: %s", self.name, pull.queue, event.reason
             )
             self._start(self._bind_later, pull.queue, pull.window)
-
-    # --- guaranteed messages from the peer ----------------------------------------------
-
-    def _arrived(self, flow: int, message: Message) -> None:
-        pull = self._pulled.get(flow)
-        if pull is None:
-            raise ProtocolError(f"FLOW_DELIVER on flow {flow}, which this side did not bind")
-        if message.options.size and not self._within_limits(message):
-            # It can never be taken here: let the peer's queue go of it, counted.
-            self._control_frame(K.ACK, {"flow": flow, "ids": [message.message_id]})
-            return
-        pull.messages.append(message)
-        pull.arrived.set()
-
-    async def _spool_pulled(self, number: int, pull: _Pull) -> None:
-        """Spool the flow's messages here in order, those that arrived together in one
-        commit, each acknowledged once held; one an endpoint refuses is tried again every
-        ``retry_interval``, holding up this flow (and those behind it)."""
-        clock = self.vpn.node.clock
-        while self._pulled.get(number) is pull:
-            if not pull.messages:
-                pull.arrived = anyio.Event()
-                await pull.arrived.wait()
-                continue
-            batch = list(pull.messages)  # more may arrive while this commits
-            try:
-                taken, refusal = await self.receive_guaranteed_many(batch)
-            except MeshbusError as exc:
-                log.debug("link %r: %d refused, tried again later: %s", self.name, len(batch), exc)
-                await clock.sleep_until(clock.monotonic() + self.retry_interval)
-                continue
-            if taken:
-                kept = set(taken)
-                left = [m for i, m in enumerate(batch) if i not in kept]
-                for _ in batch:
-                    pull.messages.popleft()
-                pull.messages.extendleft(reversed(left))
-                self.pulled += len(taken)
-                if self._pulled.get(number) is pull:
-                    ids = [batch[i].message_id for i in taken]
-                    self._control_frame(K.ACK, {"flow": number, "ids": ids})
-            if refusal is not None:
-                log.debug("link %r: a pulled message was refused: %s", self.name, refusal)
-                await clock.sleep_until(clock.monotonic() + self.retry_interval)
-
-    async def _sender(self) -> None:
-        """The peer's SENDs, in order: OK once spooled here, ERROR when refused."""
-        sends = self._sends
-        while True:
-            await self._sends_waiting.wait()
-            self._sends_waiting = anyio.Event()
-            while sends:
-                send, payload = sends[0]
-                answers = self._answers
-                try:
-                    message = sent_message(send, payload, self.vpn.node.clock.time())
-                    validate_topic(message.topic, self.vpn.topic_limits)  # as a send's
-                    await self.receive_guaranteed(message)
-                except ProtocolError:
-                    raise
-                except (MeshbusError, TypeError, ValueError) as exc:
-                    if answers is not None:
-                        answers.error(send.id, exc)
-                else:
-                    if answers is not None:
-                        answers.ok(send.id)
-                if sends and sends[0][0] is send:
-                    sends.popleft()
-                    self._send_bytes -= len(payload)
-                self._sends_room.set()
-                self._wake.set()
 
 
 def open_link(
