@@ -272,20 +272,40 @@ async def test_a_copy_a_peer_may_not_publish_does_not_hide_one_that_may(node: No
     assert (strict.statistics().dropped, open_.statistics().dropped) == ({"denied": 1}, {})
 
 
-def test_the_origin_filter_forgets_after_its_window_and_beyond_its_size() -> None:
+def test_the_origin_filter_keeps_an_origin_for_its_window_and_forgets_it_later() -> None:
     clock = ManualClock()
-    seen = OriginFilter(clock.monotonic, window=10, max_entries=3)
+    seen = OriginFilter(clock.monotonic, window=10, max_entries=100)
     assert not seen.check(("a", 1))
     assert seen.check(("a", 1))
     clock.advance(5)
     assert not seen.check(("a", 2))
-    clock.advance(5)  # ("a", 1) is 10 s old now
-    assert not seen.check(("a", 1))
-    assert seen.check(("a", 2))
+    clock.advance(4.9)  # ("a", 1) is 9.9 s old: within the window
+    assert seen.check(("a", 1))
+    clock.advance(0.1)  # a new generation starts with the next new origin
     assert not seen.check(("a", 3))
-    assert not seen.check(("a", 4))  # a fourth: the oldest goes
-    assert len(seen) == 3
-    assert not seen.check(("a", 2))
+    assert seen.check(("a", 1))  # kept: for at most about two windows
+    assert seen.check(("a", 2))
+    clock.advance(10)
+    assert not seen.check(("a", 4))  # and the generation of ("a", 1) and ("a", 2) goes
+    assert not seen.check(("a", 1))
+    assert seen.check(("a", 3))
+    clock.advance(25)  # quiet for over two windows: everything is forgotten
+    assert not seen.check(("a", 5))
+    assert len(seen) == 1
+    assert not seen.check(("a", 3))
+
+
+def test_the_origin_filter_holds_at_most_max_entries() -> None:
+    clock = ManualClock()
+    seen = OriginFilter(clock.monotonic, window=10, max_entries=4)
+    for n in range(100):
+        assert not seen.check(("a", n))
+        assert len(seen) <= 4
+        assert seen.check(("a", n))
+    assert seen.check(("a", 98))  # the newest are kept
+    assert not seen.check(("a", 0))
+    seen.forget(("a", 99))
+    assert not seen.check(("a", 99))
     with pytest.raises(ConfigurationError):
         OriginFilter(clock.monotonic, window=0)
 
