@@ -447,9 +447,14 @@ def rtt_phase(work: Path, args: argparse.Namespace, meshbus_why: str | None) -> 
             continue
         r = best[name]
         versus = ""
-        nats = best.get("nats")
+        nats, mosquitto = best.get("nats"), best.get("mosquitto")
         if name == "meshbus" and nats is not None:
             versus = f" (nats {nats.text()}; target p50 <= nats p50) {verdict(r.p50 <= nats.p50)}"
+        if name == "meshbus" and mosquitto is not None:  # issue 20's target
+            versus += (
+                f" (mosquitto p50 {mosquitto.p50:,.0f} us; target p50 <= mosquitto p50) "
+                f"{verdict(r.p50 <= mosquitto.p50)}"
+            )
         say(
             f"transport rtt {name}: {r.text()}{versus} "
             f"({notes[name]}; {len(r.samples):,} round trips, best p50 of {len(runs[name])} "
