@@ -7,6 +7,7 @@ from typing import Any, Generic, TypeVar, cast
 __all__ = ["Stash", "StashKey"]
 
 T = TypeVar("T")
+D = TypeVar("D")
 
 
 class StashKey(Generic[T]):
@@ -31,9 +32,9 @@ class Stash:
         """The value stored under ``key``; raise :class:`KeyError` if there is none."""
         return cast(T, self._data[key])
 
-    def get(self, key: StashKey[T], default: T) -> T:
-        """The value for ``key``, or ``default``."""
-        return cast(T, self._data.get(key, default))
+    def get(self, key: StashKey[T], default: D) -> T | D:
+        """The value for ``key``, or ``default`` (``None``, say)."""
+        return cast("T | D", self._data.get(key, default))
 
     def setdefault(self, key: StashKey[T], default: T) -> T:
         """The value for ``key``, storing ``default`` first if absent."""

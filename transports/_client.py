@@ -270,8 +270,10 @@ class RemoteSession(SessionCalls):
             try:
                 with unwrap_errors():
                     async with anyio.create_task_group() as tg:
+                        connection = self._connection
+                        assert connection is not None  # _connect set it, or raised
                         tg.start_soon(self._writer)
-                        tg.start_soon(self._keepalive, self._connection)
+                        tg.start_soon(self._keepalive, connection)
                         await self._reader()
                         tg.cancel_scope.cancel()
             except (TransportError, ProtocolError) as exc:
@@ -372,10 +374,10 @@ class RemoteSession(SessionCalls):
                 return
             flow = request.flow
             if flow is not None:
-                number = event.result.get("flow")
-                if type(number) is int:
-                    flow._rebound(number)
-                    self._flows[number] = flow
+                bound = event.result.get("flow")
+                if type(bound) is int:
+                    flow._rebound(bound)
+                    self._flows[bound] = flow
             request.result = event.result
             request.body = payload
             request.done.set()

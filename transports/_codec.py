@@ -495,7 +495,7 @@ def _origin_only(wire: Any) -> MessageOptions | None:
     n = len(wire)
     if type(origin) is not list or n > 2:
         return None
-    hop_count = 0
+    hop_count: Any = 0
     if n == 2:
         hop_count = wire.get("hc")
         if type(hop_count) is not int or hop_count < 0:
@@ -538,8 +538,10 @@ def decode_deliver_batch(
             options = DEFAULT_OPTIONS
         elif n == 5:
             topic, sender, timestamp, size, wire = item
-            options = _origin_only(wire)
-            if options is None:
+            plain = _origin_only(wire)
+            if plain is not None:
+                options = plain
+            else:
                 options = options_from_wire(wire, None, now)
                 for value in wire.values():  # only a container calls: most hold none
                     if type(value) is dict or type(value) is list:

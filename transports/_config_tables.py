@@ -3,6 +3,8 @@ table makes connections (bridges, dynamic routing)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from meshbus import ConfigReader, ConfigurationError
 
 from ._backoff import Backoff
@@ -80,11 +82,12 @@ def read_backoff_table(reader: ConfigReader, raw: object, where: str) -> Backoff
     if not reader.keys(table, where, ("initial", "maximum", "jitter")):
         return None
     values = {}
-    for key, default, check, why in (
+    checks: tuple[tuple[str, float, Callable[[float], bool], str], ...] = (
         ("initial", 1.0, lambda v: v > 0, "a positive number of seconds"),
         ("maximum", 120.0, lambda v: v > 0, "a positive number of seconds"),
         ("jitter", 0.2, lambda v: 0 <= v < 1, "a fraction from 0 up to 1"),
-    ):
+    )
+    for key, default, check, why in checks:
         at = reader.join(where, key)
         value = reader.value(table.get(key, default), float, at)
         if value is not None and not check(value):

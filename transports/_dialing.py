@@ -263,8 +263,11 @@ class Dialer:
     ) -> tuple[Connection, ev.Welcome]:
         settings = self.settings
         name = target_name(remote)
-        target, tls, username = remote, settings.tls, settings.username
-        if isinstance(remote, Remote):  # its own settings replace the common ones
+        target: Target
+        tls, username = settings.tls, settings.username
+        if not isinstance(remote, Remote):
+            target = remote
+        else:  # its own settings replace the common ones
             target, hello = remote.target, dict(hello)
             if remote.username is not None:
                 hello["username"] = username = remote.username

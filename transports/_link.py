@@ -637,7 +637,7 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
         they are; the checks of ``session.bind`` are made here."""
         session = self._flow_session()
         if not session.client_profile.allow_guaranteed_receive:
-            what = event.queue or event.endpoint
+            what = event.queue or event.endpoint or ""
             why = "client profile does not allow guaranteed receive"
             raise AccessDeniedError(session.username, "bind", what, why)
         guaranteed = self.vpn.node.guaranteed

@@ -4,13 +4,18 @@ frame in the link protocol)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from meshbus.errors import ProtocolError
 
 from . import _events as ev
 from ._framing import FrameKind
+
+if TYPE_CHECKING:
+    from meshbus._vpn import Vpn
+
+    from ._connection import Connection
 
 K = FrameKind
 
@@ -20,6 +25,17 @@ __all__ = ["Advertising"]
 class Advertising:
     """The advertising half of :class:`~meshbus.transports.WireLink` (a mixin: it uses
     the link's connection, epoch and sequence counters)."""
+
+    # What it uses of the link (declared for the type checker; the link sets them).
+    vpn: Vpn
+    on_advertise: Callable[[Any, ev.Advertise], None] | None
+    _connection: Connection | None
+    _advertised: tuple[int, int] | None
+    _resync_asked: bool
+    _my_epoch: int
+    _my_seq: int
+    _control_frame: Callable[..., None]
+    count_drop: Callable[[str], None]
 
     def advertise(
         self,

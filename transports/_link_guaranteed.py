@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
+from meshbus._links import Link
 from meshbus._messages import Message
 from meshbus._topics import validate_topic
 from meshbus.errors import MeshbusError, ProtocolError
 
 from ._framing import FrameKind
 from ._link_sends import sent_message
+
+if TYPE_CHECKING:
+    from . import _events as ev
+    from ._answering import Answers
 
 K = FrameKind
 
@@ -35,9 +42,22 @@ class Pull:
         self.arrived = anyio.Event()
 
 
-class GuaranteedFromPeer:
+class GuaranteedFromPeer(Link):
     """The guaranteed half of :class:`~meshbus.transports.WireLink` (a mixin: it uses the
     link's pulled flows, pending SENDs, VPN and control frames)."""
+
+    # What it uses of the WireLink (declared for the type checker; the link sets them).
+    retry_interval: float
+    pulled: int
+    _pulled: dict[int, Pull]
+    _sends: deque[tuple[ev.Send, bytes]]
+    _sends_waiting: anyio.Event
+    _sends_room: anyio.Event
+    _send_bytes: int
+    _wake: anyio.Event
+    _answers: Answers | None
+    _control_frame: Callable[..., None]
+    _within_limits: Callable[[Message], bool]
 
     def _arrived(self, flow: int, message: Message) -> None:
         pull = self._pulled.get(flow)

@@ -291,7 +291,8 @@ def _buckets(snapshot: Any) -> list[tuple[str, float]]:
     for label, bound in zip(LatencyHistogram.LABELS, (*LatencyHistogram.BOUNDS, None), strict=True):
         total += snapshot.get(label, 0)
         # Bounds written as the library writes its own histograms' (``1.0``, ``+Inf``).
-        buckets.append((label if bound is None else floatToGoString(bound), float(total)))
+        le = label if bound is None else floatToGoString(bound)  # type: ignore[no-untyped-call]
+        buckets.append((le, float(total)))
     return buckets
 
 

@@ -298,7 +298,8 @@ class LinkProtocol:
         try:
             if self.state is ConnectionState.HANDSHAKE:
                 frames = self._handshake(data)
-                if self.state is ConnectionState.OPEN and self._held:
+                state: ConnectionState = self.state  # _handshake may have opened it
+                if state is ConnectionState.OPEN and self._held:
                     frames += self.receive_data(b"", now)
                 return frames
             decoder = self._decoder

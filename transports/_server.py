@@ -267,6 +267,7 @@ class Server:
             self.failed += 1
             log.warning("closing connection from %s: %s", connection.peer, exc)
             return
+        assert isinstance(hello, ev.Hello)  # a node's side of the handshake reads a HELLO
         if hello.link is not None:
             await self._serve_link(connection, hello, certificate_name, address, slot)
             return

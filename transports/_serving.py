@@ -391,7 +391,7 @@ class ServedSession:
         out = self.protocol.out
         while True:
             try:
-                message = await session.receive()
+                message: Message | None = await session.receive()
                 # Everything waiting goes in one write, up to a bound: a reader may hand
                 # the egress more per turn than one batch (a compressed connection's
                 # inflate step, say), and a writer that took one batch per turn would

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import anyio
 import attrs
@@ -33,6 +33,7 @@ from ._outgoing import check_publish, send_header, wire_options
 from ._remote_flow import RemoteFlow, Request
 
 if TYPE_CHECKING:
+    from ._client import RemoteSession
     from ._codec import PublishEntry
     from ._connection import Connection
     from ._dialing import ConnectSettings
@@ -99,7 +100,6 @@ class SessionCalls:
     _deferred: Any
     _kick: Any
     _written: Any
-    url: str
     published: int
     delivered: int
     dropped: int
@@ -119,6 +119,8 @@ class SessionCalls:
         async def _answer(
             self, kind: FrameKind, header: dict[str, Any], payload: bytes = b""
         ) -> tuple[dict[str, Any], bytes]: ...
+        @property
+        def url(self) -> str: ...
 
     @property
     def connected(self) -> bool:
@@ -383,12 +385,12 @@ class SessionCalls:
             self._send_request(request)
             requests.append(request)
         results: list[Exception | None] = []
-        for request in requests:
-            if isinstance(request, Exception):
-                results.append(request)
+        for sent in requests:
+            if isinstance(sent, Exception):
+                results.append(sent)
                 continue
-            await request.done.wait()
-            result = request.result
+            await sent.done.wait()
+            result = sent.result
             results.append(result if isinstance(result, MeshbusError) else None)
         return results
 
@@ -405,7 +407,7 @@ class SessionCalls:
 
     async def _bind_flow(self, bind: dict[str, Any], window: int) -> RemoteFlow:
         self._check_open()
-        flow = RemoteFlow(self, bind, window)
+        flow = RemoteFlow(cast("RemoteSession", self), bind, window)  # this mixin's host
         request = Request((K.BIND, bind, b""), flow)
         self._send_request(request)
         await request.done.wait()

@@ -112,7 +112,10 @@ class BlockingRemoteSession(BlockingSession[RemoteSession]):
     ) -> tuple[dict[str, Any], bytes]:
         """Call a service a plugin on the node provides (see
         :meth:`meshbus.transports.RemoteSession.call`); the answer's fields and body."""
-        return self.loop.call(self.session.call, service, args, body)
+        answer: tuple[dict[str, Any], bytes] = self.loop.call(
+            self.session.call, service, args, body
+        )
+        return answer
 
     def node_statistics(self) -> dict[str, Any]:
         """The node's statistics as ``meshbus stats`` prints them (a round trip)."""
