@@ -22,9 +22,11 @@ Topic endpoints are queues whose one subscription the consumer names when it bin
 
 from __future__ import annotations
 
+from meshbus import QUEUE_TOPIC_PREFIX
+
 from ._memory import MemoryStore
 from ._queue import Queue, QueueFlow
-from ._service import QUEUE_TOPIC_PREFIX, GuaranteedService
+from ._service import GuaranteedService
 from ._settings import MAX_MESSAGE_SIZE, AccessType, QueueSettings
 from ._sqlite import SqliteStore
 from ._store import (

@@ -105,21 +105,21 @@ async def spool_many(
         await service.store.put_many(records)
     taken: list[tuple[str, ...]] = []
     stored = iter(records)
-    for message, accepted in planned:
-        if accepted is None:
+    for message, holders in planned:
+        if holders is None:
             link.count_drop("expired")
             taken.append(())
             continue
-        if accepted:
+        if holders:
             record = next(stored)
-            for queue in accepted:
+            for queue in holders:
                 queue.stored()
             origin = record.headers[META_HEADER]["origin"]
             origin = (origin[0], origin[1])
         else:
             link.count_drop("no_eligible_destination")
             origin = message.origin or service._new_origin()
-        endpoints = endpoints_of(accepted)
+        endpoints = endpoints_of(holders)
         copy = Message(
             message.topic,
             message.payload,
@@ -139,7 +139,7 @@ async def spool_many(
         mode = message.delivery_mode
         if mode is DeliveryMode.DIRECT:
             mode = DeliveryMode.NON_PERSISTENT
-        vpn.dispatch(Envelope(copy, link, endpoints, mode), count_unmatched=not accepted)
+        vpn.dispatch(Envelope(copy, link, endpoints, mode), count_unmatched=not holders)
         taken.append(endpoints)
     return taken, refusal
 

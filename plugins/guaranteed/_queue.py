@@ -20,7 +20,7 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import anyio
 
@@ -634,7 +634,7 @@ def _to_message(entry: SpoolEntry, queue: Queue) -> Message:
     )
 
 
-def _is_origin(value: object) -> bool:
+def _is_origin(value: object) -> TypeGuard[list[Any]]:
     return (
         isinstance(value, list)
         and len(value) == 2

@@ -285,12 +285,12 @@ class GuaranteedService(GuaranteedMessaging):
     ) -> None:
         """Switch the queue's ingress and egress on or off (``None``: as it is)."""
         queue = self.queue(name, vpn=vpn)
-        changes = {
-            key: value
-            for key, value in (("ingress_enabled", ingress), ("egress_enabled", egress))
-            if value is not None
-        }
-        queue.settings = attrs.evolve(queue.settings, **changes)  # validated: booleans only
+        settings = queue.settings
+        queue.settings = attrs.evolve(  # validated: booleans only
+            settings,
+            ingress_enabled=settings.ingress_enabled if ingress is None else ingress,
+            egress_enabled=settings.egress_enabled if egress is None else egress,
+        )
         queue._wake()  # flows waiting for egress look again
 
     def _forget(self, queue: Queue) -> None:

@@ -98,8 +98,8 @@ class TopicTree(Generic[T]):
             prefix = pattern[:-1]
             children = [c for level, c in branch.children.items() if level.startswith(prefix)]
         else:
-            child = branch.children.get(pattern)
-            children = [] if child is None else [child]
+            exact = branch.children.get(pattern)
+            children = [] if exact is None else [exact]
         for child in children:
             if last:
                 if child.value is not None:
