@@ -108,7 +108,7 @@ def _read(
     if failed:
         return None
     try:
-        return reader.attrs_value(  # type: ignore[no-any-return]
+        return reader.attrs_value(
             DmrSettings,
             {k: v for k, v in table.items() if k not in _OWN},
             path,

@@ -126,7 +126,7 @@ class Neighbour:
             return LinkState.CONNECTING.value
         if out.state in (LinkState.SYNCING, LinkState.IN_SYNC):
             return LinkState.IN_SYNC.value if self.synced else LinkState.SYNCING.value
-        return out.state.value
+        return str(out.state.value)
 
     def statistics(self) -> dict[str, Any]:
         """Its links, interest and control-plane counters, as plain values."""

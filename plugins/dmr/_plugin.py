@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from meshbus import (
     AccessDeniedError,
@@ -90,7 +90,7 @@ def meshbus_accept_link(
         )
 
 
-def _refuse(user: ClientUsername, why: str) -> None:
+def _refuse(user: ClientUsername, why: str) -> NoReturn:
     raise AccessDeniedError(user.name, "connect", why=why)
 
 

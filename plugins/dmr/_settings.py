@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 import attrs
 
@@ -61,11 +62,12 @@ class Peer:
 def _peers(value: object) -> tuple[Peer, ...]:
     if isinstance(value, Peer):
         return (value,)
-    items = tuple(value)  # type: ignore[call-overload]
-    for item in items:
+    peers: list[Peer] = []
+    for item in cast("Iterable[object]", value):  # not iterable: TypeError, as before
         if not isinstance(item, Peer):
             raise ConfigurationError(f"peers must be Peer values, got {item!r}")
-    return items
+        peers.append(item)
+    return tuple(peers)
 
 
 @attrs.frozen
