@@ -158,19 +158,22 @@ def drain_node_child(data_dir: Path, log: Path, trial: int) -> str:
     return text
 
 
-def test_node_keeps_every_acked_message_through_kill_9(tmp_path: Path) -> None:
+def kill_trials(tmp_path: Path, trials: int, *mode: str) -> tuple[History, int]:
+    """``trials`` children killed with SIGKILL one after the other on one data directory,
+    then a clean one that drains the queue; the checked history, and how many of the
+    killed children got ready first."""
     seed = random.randrange(1 << 32)
     rng = random.Random(seed)
     data_dir = tmp_path / "node"
     runs: list[list[Line]] = []
     ready = 0
-    for trial in range(NODE_TRIALS):
+    for trial in range(trials):
         log = tmp_path / f"node{trial}.log"
-        ready += kill_node_child(data_dir, log, trial, rng)
+        ready += kill_node_child(data_dir, log, trial, rng, *mode)
         runs.append(parse_node_log(log.read_text()))
     # a clean run takes what is left; a second one finds nothing (its acks were kept)
-    runs.append(parse_node_log(drain_node_child(data_dir, tmp_path / "drain.log", NODE_TRIALS)))
-    again = parse_node_log(drain_node_child(data_dir, tmp_path / "again.log", NODE_TRIALS + 1))
+    runs.append(parse_node_log(drain_node_child(data_dir, tmp_path / "drain.log", trials)))
+    again = parse_node_log(drain_node_child(data_dir, tmp_path / "again.log", trials + 1))
     assert not again, f"the queue was drained and acked, yet: {again[:5]}"
     try:
         history = check_history(runs)
@@ -179,6 +182,11 @@ def test_node_keeps_every_acked_message_through_kill_9(tmp_path: Path) -> None:
     unacked = sorted(history.receipts.keys() - history.acked)
     # the queue ended empty, so a message never acked was dropped instead of redelivered
     assert not unacked, f"received, never acked, yet gone from the queue: {unacked[:10]}"
+    return history, ready
+
+
+def test_node_keeps_every_acked_message_through_kill_9(tmp_path: Path) -> None:
+    history, ready = kill_trials(tmp_path, NODE_TRIALS)
     # it tested something: many kills in full flow, messages in flight at the kills
     assert ready >= NODE_TRIALS // 2
     assert len(history.published) > 20 * NODE_TRIALS, len(history.published)
@@ -189,21 +197,7 @@ def test_one_message_in_flight_keeps_its_guarantees_through_kill_9(tmp_path: Pat
     # One message in flight is the path where the put writes the delivery mark (one
     # fsync per message): a message handed out before the kill must still come back
     # flagged redelivered, and none acked by the bus may be lost.
-    seed = random.randrange(1 << 32)
-    rng = random.Random(seed)
-    data_dir = tmp_path / "node"
-    runs: list[list[Line]] = []
-    ready = 0
-    for trial in range(SINGLE_TRIALS):
-        log = tmp_path / f"single{trial}.log"
-        ready += kill_node_child(data_dir, log, trial, rng, "single")
-        runs.append(parse_node_log(log.read_text()))
-    runs.append(parse_node_log(drain_node_child(data_dir, tmp_path / "drain.log", SINGLE_TRIALS)))
-    try:
-        history = check_history(runs)
-    except AssertionError as exc:
-        raise AssertionError(f"seed {seed}: {exc}") from exc
-    assert not sorted(history.receipts.keys() - history.acked)
+    history, ready = kill_trials(tmp_path, SINGLE_TRIALS, "single")
     assert ready >= SINGLE_TRIALS // 2
     assert len(history.published) > 5 * SINGLE_TRIALS, len(history.published)
     assert history.redelivered > 0, "no message was ever in flight at a kill"
