@@ -144,7 +144,7 @@ def meshbus_link_pipeline(link: Link, pipeline: LinkPipeline) -> None:
         return True
 
     def check_in(envelope: Envelope) -> bool:
-        if envelope.message.options.hop_count > limit:
+        if envelope.message.hop_count > limit:
             counter.dropped += 1
             return False
         return True
@@ -180,15 +180,15 @@ def meshbus_session_opened(session: Session) -> None:
 
 
 def _hidden(message: Message) -> Message:
-    options = message.options
-    if not options.hop_count:
+    if not message.hop_count:
         return message
     return make_message(
         message.topic,
         message.payload,
         message.sender,
         message.timestamp,
-        attrs.evolve(options, hop_count=0),
+        message.options,
+        message.origin,
     )
 
 

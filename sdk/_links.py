@@ -32,7 +32,7 @@ import anyio
 import attrs
 
 from ._index import SubscriptionIndex
-from ._messages import Envelope, Message, MessageOptions
+from ._messages import Envelope, Message
 from ._origins import OriginFilter
 from ._stash import Stash
 from ._stats import LatencyHistogram
@@ -444,8 +444,8 @@ class Link(ABC):
                 return None
         self.forwarded += 1
         out = envelope.message
-        if envelope.hop_count != out.options.hop_count:
-            out = restamped(out, out.options.origin, envelope.hop_count)
+        if envelope.hop_count != out.hop_count:
+            out = restamped(out, out.origin, envelope.hop_count)
         return out
 
     def _admit(self, envelope: Envelope) -> bool:
@@ -478,7 +478,7 @@ class Link(ABC):
         # limit, or over a link whose peer may not publish it) must not be remembered,
         # or the copy that comes the short way would be taken for a duplicate.
         if self.dedup:
-            origin = envelope.message.options.origin
+            origin = envelope.message.origin
             if origin is not None and self._seen(origin):
                 self.dropped["duplicate"] = self.dropped.get("duplicate", 0) + 1
                 return False
@@ -511,7 +511,7 @@ class Link(ABC):
             await self.vpn.node.guaranteed.spool_from_link(self, envelope.message)
         except BaseException:
             self.receive_failures += 1
-            origin = message.options.origin
+            origin = message.origin
             if self.dedup and origin is not None:
                 # Nothing was kept: the copy the peer sends again is no duplicate.
                 self.vpn.links.origins.forget(origin)
@@ -561,7 +561,7 @@ class Link(ABC):
         if self.dedup:
             forget = self.vpn.links.origins.forget
             for message in messages:
-                origin = message.options.origin
+                origin = message.origin
                 if origin is not None:
                     forget(origin)
 
@@ -685,7 +685,7 @@ class LinkRouter:
                 if endpoints and link.endpoint in endpoints:
                     continue  # its queue holds the guaranteed message: that copy goes
                 if out is None:
-                    origin = message.options.origin
+                    origin = message.origin
                     if origin is None:
                         origin = (node_id, next_id())
                         message = with_origin(message, origin)
@@ -696,7 +696,7 @@ class LinkRouter:
                     out = Envelope(message, source, endpoints, envelope.mode)
                 else:
                     out.message = message  # a stage may have replaced it for the last link
-                out.hop_count = message.options.hop_count
+                out.hop_count = message.hop_count
                 if link.forward(out):
                     sent += 1
             return sent
@@ -711,36 +711,20 @@ class LinkRouter:
 
 def with_origin(message: Message, origin: tuple[str, int]) -> Message:
     """``message`` with its origin set (the first time it leaves its node)."""
-    return restamped(message, origin, message.options.hop_count)
+    return restamped(message, origin, message.hop_count)
 
 
 def restamped(message: Message, origin: tuple[str, int] | None, hop_count: int) -> Message:
     """``message`` with another origin and hop count (what crossing a link changes)."""
-    o = message.options
-    options = MessageOptions(
-        o.delivery_mode,
-        o.headers,
-        o.eliding_eligible,
-        o.reply_to,
-        o.correlation_id,
-        o.discard_indication,
-        o.redelivered,
-        o.message_id,
-        o.destination,
-        origin,
-        hop_count,
-        o.expires_at,
-        o.retain,
-        o.retained,
-        o.size,
-    )
-    # Slot by slot (not make_message): it runs for every message crossing a link, and
-    # the size is the same, as the options hold the same headers.
+    # Slot by slot (not make_message): it runs for every message crossing a link. The
+    # options and the size are the same.
     new: Message = _new(Message)
     new.topic = message.topic  # type: ignore[misc]
     new.payload = message.payload  # type: ignore[misc]
     new.sender = message.sender  # type: ignore[misc]
     new.timestamp = message.timestamp  # type: ignore[misc]
-    new.options = options  # type: ignore[misc]
+    new.options = message.options  # type: ignore[misc]
+    new.origin = origin  # type: ignore[misc]
+    new.hop_count = hop_count  # type: ignore[misc]
     new.size = message.size  # type: ignore[misc]
     return new

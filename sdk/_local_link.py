@@ -76,8 +76,8 @@ class LocalLink(Link):
         if peer is None or not peer.attached or self.state is not LinkState.IN_SYNC:
             return False
         message = envelope.message
-        if envelope.hop_count != message.options.hop_count:
-            message = restamped(message, message.options.origin, envelope.hop_count)
+        if envelope.hop_count != message.hop_count:
+            message = restamped(message, message.origin, envelope.hop_count)
         peer.receive(message)
         return True
 

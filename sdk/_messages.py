@@ -5,14 +5,15 @@ so it must never change after creation. Making it a true ``attrs`` frozen class
 would enforce that at run time, but a frozen init costs 0.6-1.0 µs here against
 0.16 µs for a slotted class, which is more than the rest of a publish. So the
 class is frozen for type checkers (assignments are type errors) and slotted at
-run time. :class:`MessageOptions` is made the same way, because a message that
-crosses a link gets options of its own (its origin), and a frozen init of their
-thirteen fields cost more than the rest of the hop. Per-delivery variations (the
+run time. :class:`MessageOptions` is made the same way. Per-delivery variations (the
 discard indication, the redelivered flag) are made with :meth:`Message.evolve` on the
 rare paths that need them.
 
-Per-hop mutable state (hop count, the link a message came in on) lives in the
-internal :class:`Envelope`, never in the message.
+A message's origin and hop count are slots of the message, not options: they are
+what changes when it crosses a link (every message gets an origin of its own), and
+a copy with eight slots costs a third of new options of thirteen fields, on the path
+every bridged message takes. The hop count a link *would* give a message, while its
+stages decide, lives in the internal :class:`Envelope`.
 
 What a message may carry besides its topic and payload is bounded by one
 :class:`HeaderLimits` value, :data:`HEADER_LIMITS`, applied wherever messages come in
@@ -72,8 +73,8 @@ else:
 class MessageOptions:
     """The settings of a message that publishers rarely change, shared between messages.
 
-    They live apart from :class:`Message` so that a plain publish stores five
-    references instead of eleven; read them through the message's properties.
+    They live apart from :class:`Message` so that messages with the same settings share
+    one value instead of storing each; read them through the message's properties.
     """
 
     delivery_mode: DeliveryMode = DeliveryMode.DIRECT
@@ -94,12 +95,6 @@ class MessageOptions:
     """The spool's id of a guaranteed message received from a queue (what acks name)."""
     destination: str | None = None
     """The queue a guaranteed message was received from."""
-    origin: tuple[str, int] | None = None
-    """Where the message entered the mesh: ``(node id, message id)``, set once it crosses
-    a link (or is spooled) and kept on every later hop; links drop a message whose origin
-    they have seen recently (SPEC 7)."""
-    hop_count: int = 0
-    """Links it crossed that count hops (SPEC 9)."""
     expires_at: float | None = None
     """When it expires on this node's clock (``clock.time()`` seconds), or ``None``; on the
     wire it travels as the time left, so nodes need not agree on the time."""
@@ -341,6 +336,12 @@ class Message:
     guaranteed message carries the time the node took it."""
     options: MessageOptions
     """The rarely changed settings, shared between messages that have the same."""
+    origin: tuple[str, int] | None
+    """Where the message entered the mesh: ``(node id, message id)``, set once it crosses
+    a link (or is spooled) and kept on every later hop; links drop a message whose origin
+    they have seen recently (SPEC 7)."""
+    hop_count: int
+    """How many counted links it crossed (SPEC 9)."""
     size: int = attrs.field(eq=False)
     """Bytes counted against egress and spool limits: the payload's length plus the
     memory its headers, reply-to and correlation id take (:attr:`MessageOptions.size`).
@@ -378,8 +379,6 @@ class Message:
             redelivered,
             message_id,
             destination,
-            origin,
-            hop_count,
             expires_at,
             retain,
             retained,
@@ -392,6 +391,8 @@ class Message:
         self.sender = sender  # type: ignore[misc]
         self.timestamp = timestamp  # type: ignore[misc]
         self.options = options  # type: ignore[misc]
+        self.origin = origin  # type: ignore[misc]
+        self.hop_count = hop_count  # type: ignore[misc]
         self.size = len(payload) + size  # type: ignore[misc]
 
     @property
@@ -440,16 +441,6 @@ class Message:
         return self.options.destination
 
     @property
-    def origin(self) -> tuple[str, int] | None:
-        """``(node id, message id)`` of where it entered the mesh, once it crossed a link."""
-        return self.options.origin
-
-    @property
-    def hop_count(self) -> int:
-        """How many counted links it crossed (SPEC 9)."""
-        return self.options.hop_count
-
-    @property
     def expires_at(self) -> float | None:
         """When it expires on this node's clock, or ``None``."""
         return self.options.expires_at
@@ -471,6 +462,8 @@ class Message:
             "payload": self.payload,
             "sender": self.sender,
             "timestamp": self.timestamp,
+            "origin": self.origin,
+            "hop_count": self.hop_count,
         }
         settings = attrs.asdict(self.options, recurse=False)
         size = settings.pop("size")
@@ -485,7 +478,13 @@ class Message:
         if options == DEFAULT_OPTIONS and not size:
             options = DEFAULT_OPTIONS
         return make_message(
-            current["topic"], current["payload"], current["sender"], current["timestamp"], options
+            current["topic"],
+            current["payload"],
+            current["sender"],
+            current["timestamp"],
+            options,
+            current["origin"],
+            current["hop_count"],
         )
 
     def __repr__(self) -> str:
@@ -494,6 +493,10 @@ class Message:
             for name, value in attrs.asdict(self.options, recurse=False).items()
             if value != getattr(DEFAULT_OPTIONS, name) and name != "size"
         ]
+        if self.origin is not None:
+            changed.append(f"origin={self.origin!r}")
+        if self.hop_count:
+            changed.append(f"hop_count={self.hop_count!r}")
         extra = "".join(", " + c for c in changed)
         return (
             f"Message(topic={self.topic!r}, payload={self.payload!r}, sender={self.sender!r}, "
@@ -511,8 +514,10 @@ def make_message(
     sender: str | None,
     timestamp: float | None,
     options: MessageOptions,
+    origin: tuple[str, int] | None = None,
+    hop_count: int = 0,
 ) -> Message:
-    """The publish path's constructor: six slot stores, no argument processing."""
+    """The publish path's constructor: eight slot stores, no argument processing."""
     # Session.publish inlines the fenced part; tests/test_inline_copies.py compares them.
     # inline-source: build begin
     message: Message = _new(Message)
@@ -521,6 +526,8 @@ def make_message(
     message.sender = sender  # type: ignore[misc]
     message.timestamp = timestamp  # type: ignore[misc]
     message.options = options  # type: ignore[misc]
+    message.origin = origin  # type: ignore[misc]
+    message.hop_count = hop_count  # type: ignore[misc]
     message.size = len(payload) + options.size  # type: ignore[misc]
     # inline-source: build end
     return message
@@ -553,7 +560,7 @@ class Envelope:
         #: leave such a message alone (its endpoints were chosen when it was spooled).
         self.mode = mode
         #: The hop count a link would give it (set per link while it is forwarded).
-        self.hop_count = message.options.hop_count if message is not None else 0
+        self.hop_count = message.hop_count if message is not None else 0
 
     @property
     def guaranteed(self) -> bool:

@@ -227,14 +227,12 @@ class Session:
                 None,
                 None,
                 None,
-                0,
-                None,
                 retain,
                 False,
                 size,
             )
             size += len(payload)
-        # make_message() inlined: six slot stores, no extra frame. The fenced copies here
+        # make_message() inlined: eight slot stores, no extra frame. The fenced copies here
         # are compared with their sources by tests/test_inline_copies.py; ``size`` was
         # worked out above, with the header limits.
         # inline: meshbus._messages.make_message[build] begin
@@ -242,12 +240,16 @@ class Session:
         # inline-with: sender -> self.client_name
         # inline-with: timestamp -> self._time() if self.timestamps else None
         # inline-with: len(payload) + options.size -> size
+        # inline-with: origin -> None
+        # inline-with: hop_count -> 0
         message = _new_message(Message)
         message.topic = topic  # type: ignore[misc]
         message.payload = payload  # type: ignore[misc]
         message.sender = self.client_name  # type: ignore[misc]
         message.timestamp = self._time() if self.timestamps else None  # type: ignore[misc]
         message.options = options  # type: ignore[misc]
+        message.origin = None  # type: ignore[misc]
+        message.hop_count = 0  # type: ignore[misc]
         message.size = size  # type: ignore[misc]
         # inline: meshbus._messages.make_message[build] end
         if retain:  # kept before it is routed: a refusal publishes nothing

@@ -59,8 +59,10 @@ __all__ = [
     "encode_deliver",
     "encode_flow_deliver",
     "encode_publish",
+    "message_to_wire",
     "options_from_wire",
     "options_to_wire",
+    "trail_from_wire",
 ]
 
 _PREFIX = struct.Struct("!IBI")
@@ -73,8 +75,6 @@ _FLOW_DELIVER = FrameKind.FLOW_DELIVER
 _PUBLISH_BATCH = FrameKind.PUBLISH_BATCH
 _DELIVER_BATCH = FrameKind.DELIVER_BATCH
 _MODES = {mode.value: mode for mode in DeliveryMode}
-_DIRECT = DeliveryMode.DIRECT
-_NO_HEADERS = DEFAULT_OPTIONS.headers
 
 
 _UNLIMITED = 2**32 - 1  # what a frame's length field holds
@@ -131,10 +131,6 @@ def options_to_wire(options: MessageOptions, now: float | None = None) -> dict[s
         wire["rd"] = True
     if options.destination is not None:
         wire["q"] = options.destination
-    if options.origin is not None:
-        wire["o"] = options.origin
-    if options.hop_count:
-        wire["hc"] = options.hop_count
     if options.retain:
         wire["rt"] = True
     if options.retained:
@@ -143,6 +139,37 @@ def options_to_wire(options: MessageOptions, now: float | None = None) -> dict[s
         left = options.expires_at - (time.time() if now is None else now)
         wire["x"] = left if left > 0 else 0
     return wire
+
+
+def message_to_wire(message: Message, now: float | None = None) -> dict[str, Any]:
+    """The wire keys of ``message``'s options, its origin and its hop count."""
+    wire = options_to_wire(message.options, now)
+    if message.origin is not None:
+        wire["o"] = message.origin
+    if message.hop_count:
+        wire["hc"] = message.hop_count
+    return wire
+
+
+def trail_from_wire(wire: Any) -> tuple[tuple[str, int] | None, int]:
+    """``(origin, hop count)`` from wire keys (a message's trail through the mesh);
+    :class:`ProtocolError` on bad types."""
+    if type(wire) is not dict:
+        raise ProtocolError("message options must be an object")
+    origin = wire.get("o")
+    if origin is not None:
+        if (
+            type(origin) is not list
+            or len(origin) != 2
+            or type(origin[0]) is not str
+            or type(origin[1]) is not int
+        ):
+            raise ProtocolError("message origin must be [node id, message id]")
+        origin = (origin[0], origin[1])
+    hop_count = _check(wire.get("hc", 0), int, "hop count")
+    if hop_count < 0:
+        raise ProtocolError("message hop count must not be negative")
+    return origin, hop_count
 
 
 _OPTION_DEPTH = HEADER_DEPTH_LIMIT - 3  # a batch, its entry and the options hold each value
@@ -164,7 +191,8 @@ def _check(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
 def options_from_wire(
     wire: Any, message_id: int | None = None, now: float | None = None
 ) -> MessageOptions:
-    """:class:`MessageOptions` from wire keys; :class:`ProtocolError` on bad types.
+    """:class:`MessageOptions` from wire keys; :class:`ProtocolError` on bad types (the
+    origin and hop count are the message's own: see :func:`trail_from_wire`).
 
     :param now: the receiver's clock time, which a time to live left counts from
         (default: :func:`time.time`).
@@ -190,19 +218,6 @@ def options_from_wire(
     destination = wire.get("q")
     if destination is not None:
         _check(destination, str, "destination")
-    origin = wire.get("o")
-    if origin is not None:
-        if (
-            type(origin) is not list
-            or len(origin) != 2
-            or type(origin[0]) is not str
-            or type(origin[1]) is not int
-        ):
-            raise ProtocolError("message origin must be [node id, message id]")
-        origin = (origin[0], origin[1])
-    hop_count = _check(wire.get("hc", 0), int, "hop count")
-    if hop_count < 0:
-        raise ProtocolError("message hop count must not be negative")
     expires_at = None
     left = wire.get("x")
     if left is not None:
@@ -219,8 +234,6 @@ def options_from_wire(
         _check(wire.get("rd", False), bool, "redelivered flag"),
         message_id,
         destination,
-        origin,
-        hop_count,
         expires_at,
         _check(wire.get("rt", False), bool, "retain flag"),
         _check(wire.get("rtd", False), bool, "retained flag"),
@@ -279,11 +292,10 @@ def encode_deliver(
     :raises FrameTooLarge: the frame would be longer than ``max_frame`` (what the
         peer reads), or its header longer than ``HEADER_LIMIT``.
     """
-    options = message.options
-    if options is DEFAULT_OPTIONS:
+    if message.options is DEFAULT_OPTIONS and message.origin is None and not message.hop_count:
         head = _dumps((message.topic, message.sender, message.timestamp))
     else:
-        wire = options_to_wire(options, now)
+        wire = message_to_wire(message, now)
         head = _dumps((message.topic, message.sender, message.timestamp, wire))
     return _fitting(_DELIVER, head, message.payload, max_frame)
 
@@ -293,13 +305,13 @@ def decode_deliver(header: list[Any], payload: bytes, now: float | None = None) 
     n = len(header)
     if n == 3:
         topic, sender, timestamp = header
-        options = DEFAULT_OPTIONS
-    elif n == 4:
+        return _message(topic, payload, sender, timestamp, DEFAULT_OPTIONS, None, 0)
+    if n == 4:
         topic, sender, timestamp, wire = header
-        options = options_from_wire(wire, None, now)
-    else:
-        raise ProtocolError(f"DELIVER header has {n} items, not 3 or 4")
-    return _message(topic, payload, sender, timestamp, options)
+        origin, hop_count = trail_from_wire(wire)
+        options = _options(wire, None, now)
+        return _message(topic, payload, sender, timestamp, options, origin, hop_count)
+    raise ProtocolError(f"DELIVER header has {n} items, not 3 or 4")
 
 
 def encode_flow_deliver(
@@ -313,7 +325,7 @@ def encode_flow_deliver(
             message.topic,
             message.sender,
             message.timestamp,
-            options_to_wire(message.options, now),
+            message_to_wire(message, now),
         )
     )
     return _frame(_FLOW_DELIVER, head, message.payload)
@@ -328,13 +340,31 @@ def decode_flow_deliver(
     flow, message_id, topic, sender, timestamp, wire = header
     _check(flow, int, "flow")
     _check(message_id, int, "id")
+    origin, hop_count = trail_from_wire(wire)
     options = options_from_wire(wire, message_id, now)
-    message = _message(topic, payload, sender, timestamp, options)
+    message = _message(topic, payload, sender, timestamp, options, origin, hop_count)
     return flow, message
 
 
+_TRAIL_KEYS = frozenset({"o", "hc"})
+
+
+def _options(wire: dict[str, Any], message_id: int | None, now: float | None) -> MessageOptions:
+    """:func:`options_from_wire`, sharing the default options when ``wire`` holds
+    nothing but the message's trail (what most messages crossing a link carry)."""
+    if message_id is None and _TRAIL_KEYS.issuperset(wire):
+        return DEFAULT_OPTIONS
+    return options_from_wire(wire, message_id, now)
+
+
 def _message(
-    topic: Any, payload: bytes, sender: Any, timestamp: Any, options: MessageOptions
+    topic: Any,
+    payload: bytes,
+    sender: Any,
+    timestamp: Any,
+    options: MessageOptions,
+    origin: tuple[str, int] | None,
+    hop_count: int,
 ) -> Message:
     if type(topic) is not str:
         raise ProtocolError("message topic must be a string")
@@ -348,6 +378,8 @@ def _message(
     message.sender = sender  # type: ignore[misc]
     message.timestamp = timestamp  # type: ignore[misc]
     message.options = options  # type: ignore[misc]
+    message.origin = origin  # type: ignore[misc]
+    message.hop_count = hop_count  # type: ignore[misc]
     message.size = len(payload) + options.size  # type: ignore[misc]
     return message
 
@@ -453,8 +485,8 @@ def encode_deliver_batch(
     if hops is None:
         head = [
             (m.topic, m.sender, m.timestamp, len(m.payload))
-            if m.options is DEFAULT_OPTIONS
-            else (m.topic, m.sender, m.timestamp, len(m.payload), options_to_wire(m.options, now))
+            if m.options is DEFAULT_OPTIONS and m.origin is None and not m.hop_count
+            else (m.topic, m.sender, m.timestamp, len(m.payload), message_to_wire(m, now))
             for m in messages
         ]
     else:
@@ -475,20 +507,24 @@ def encode_deliver_batch(
 def _link_entry(message: Message, hop_count: int, now: float | None) -> tuple[Any, ...]:
     """A DELIVER_BATCH entry for a message crossing a link with ``hop_count``."""
     options = message.options
-    if options is DEFAULT_OPTIONS and not hop_count:
-        return (message.topic, message.sender, message.timestamp, len(message.payload))
-    wire = options_to_wire(options, now)
+    origin = message.origin
+    if options is DEFAULT_OPTIONS:
+        if origin is None and not hop_count:
+            return (message.topic, message.sender, message.timestamp, len(message.payload))
+        wire: dict[str, Any] = {"o": origin} if origin is not None else {}
+    else:
+        wire = options_to_wire(options, now)
+        if origin is not None:
+            wire["o"] = origin
     if hop_count:
         wire["hc"] = hop_count
-    else:
-        wire.pop("hc", None)
     return (message.topic, message.sender, message.timestamp, len(message.payload), wire)
 
 
-def _origin_only(wire: Any) -> MessageOptions | None:
-    """The options of what a link mostly carries, a plain message that only has an
-    origin and perhaps a hop count, made without :func:`options_from_wire`'s checks of
-    every other key; ``None`` for any other options (those go the general way)."""
+def _origin_only(wire: Any) -> tuple[tuple[str, int], int] | None:
+    """The origin and hop count of what a link mostly carries, a plain message that
+    has nothing else, read without :func:`options_from_wire`'s checks of every other
+    key; ``None`` for any other options (those go the general way)."""
     if type(wire) is not dict:
         return None
     origin = wire.get("o")
@@ -502,23 +538,7 @@ def _origin_only(wire: Any) -> MessageOptions | None:
             return None  # absent or bad: the general way finds which, and says so
     if len(origin) != 2 or type(origin[0]) is not str or type(origin[1]) is not int:
         return None
-    return MessageOptions(
-        _DIRECT,
-        _NO_HEADERS,
-        False,
-        None,
-        None,
-        False,
-        False,
-        None,
-        None,
-        (origin[0], origin[1]),
-        hop_count,
-        None,
-        False,
-        False,
-        0,
-    )
+    return (origin[0], origin[1]), hop_count
 
 
 def decode_deliver_batch(
@@ -536,13 +556,17 @@ def decode_deliver_batch(
         if n == 4:
             topic, sender, timestamp, size = item
             options = DEFAULT_OPTIONS
+            origin = None
+            hop_count = 0
         elif n == 5:
             topic, sender, timestamp, size, wire = item
-            plain = _origin_only(wire)
-            if plain is not None:
-                options = plain
+            trail = _origin_only(wire)
+            if trail is not None:
+                options = DEFAULT_OPTIONS
+                origin, hop_count = trail
             else:
-                options = options_from_wire(wire, None, now)
+                origin, hop_count = trail_from_wire(wire)
+                options = _options(wire, None, now)
                 for value in wire.values():  # only a container calls: most hold none
                     if type(value) is dict or type(value) is list:
                         _check_nesting(value)
@@ -567,6 +591,8 @@ def decode_deliver_batch(
         message.sender = sender  # type: ignore[misc]
         message.timestamp = timestamp  # type: ignore[misc]
         message.options = options  # type: ignore[misc]
+        message.origin = origin  # type: ignore[misc]
+        message.hop_count = hop_count  # type: ignore[misc]
         message.size = size + options.size  # type: ignore[misc]
         append(message)
         offset = end

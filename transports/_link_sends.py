@@ -12,7 +12,7 @@ from meshbus._messages import HEADER_LIMITS, DeliveryMode, Message, make_message
 from meshbus.errors import ProtocolError
 
 from . import _events as ev
-from ._codec import options_from_wire, options_to_wire
+from ._codec import message_to_wire, options_from_wire, trail_from_wire
 
 __all__ = ["link_send_header", "sent_message"]
 
@@ -21,7 +21,7 @@ _MODES = {True: "persistent", False: "non-persistent"}
 
 def link_send_header(message: Message, now: float) -> dict[str, Any]:
     """A SEND header that keeps everything of ``message`` (link mode)."""
-    wire = options_to_wire(message.options, now)
+    wire = message_to_wire(message, now)
     header: dict[str, Any] = {key: value for key, value in wire.items() if key in _SEND_KEYS}
     header["topic"] = message.topic
     header["persistent"] = message.delivery_mode is DeliveryMode.PERSISTENT
@@ -49,7 +49,8 @@ def sent_message(send: ev.Send, payload: bytes, now: float) -> Message:
     wire["m"] = _MODES[send.persistent]
     if send.headers:
         wire["h"] = send.headers
+    origin, hop_count = trail_from_wire(wire)
     options = options_from_wire(wire, None, now)
     if options.size:  # as a session's send would be (SPEC 10)
         HEADER_LIMITS.check(options.headers, options.reply_to, options.correlation_id)
-    return make_message(send.topic, payload, sender, timestamp, options)
+    return make_message(send.topic, payload, sender, timestamp, options, origin, hop_count)

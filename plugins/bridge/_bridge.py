@@ -381,7 +381,13 @@ class Bridge:
             envelope.message = message.evolve(topic=result.topic, retain=False)
         elif result.topic != message.topic:
             envelope.message = make_message(
-                result.topic, message.payload, message.sender, message.timestamp, message.options
+                result.topic,
+                message.payload,
+                message.sender,
+                message.timestamp,
+                message.options,
+                message.origin,
+                message.hop_count,
             )
         return True
 

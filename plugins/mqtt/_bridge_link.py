@@ -558,7 +558,7 @@ class MqttLink(Link):
                     continue
                 packet_id = self._packet_id()
                 self._inflight[packet_id] = message
-                self._queue_out(self._publish(codec, out, out.options.hop_count, 1, packet_id))
+                self._queue_out(self._publish(codec, out, out.hop_count, 1, packet_id))
         except MeshbusError as exc:
             log.warning("MQTT bridge %s: its queue's flow ended: %s", self.name, exc)
         finally:

@@ -161,4 +161,12 @@ class RetainedStore:
 def as_retained(message: Message) -> Message:
     """``message`` as new subscriptions get it: flagged ``retained`` (and ``retain``)."""
     options = attrs.evolve(message.options, retain=True, retained=True)
-    return make_message(message.topic, message.payload, message.sender, message.timestamp, options)
+    return make_message(
+        message.topic,
+        message.payload,
+        message.sender,
+        message.timestamp,
+        options,
+        message.origin,
+        message.hop_count,
+    )

@@ -10,10 +10,11 @@ which :func:`walks` counts from that model rather than from the code under test.
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from meshbus import LinkState, Node
-from meshbus.plugins.bridge import BridgeSettings, open_bridge
+from meshbus.plugins.bridge import BridgeSettings, TopicMapping, open_bridge
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
@@ -88,3 +89,39 @@ def test_the_model_counts_walks() -> None:
     assert walks(4, 1) == [1, 1, 0, 1]
     assert walks(4, 2) == [3, 1, 2, 1]  # back to the publisher twice; the far node twice
     assert within(4, 1) == [1, 1, 0, 1]
+
+
+async def test_a_mapped_topic_keeps_its_origin_so_a_loop_through_mappings_stops(
+    mesh: Mesh,
+) -> None:
+    # Two nodes pull each other's topics under another name: a/x on a becomes b/x on b,
+    # which a pulls back as a/x. Only the origin, kept through each mapping, tells a
+    # that it has seen the message (the hop limit alone would let it go round).
+    a, b = await mesh.start("a"), await mesh.start("b")
+    opened = []
+    for here, there, mine, theirs in ((a, b, "a", "b"), (b, a, "b", "a")):
+        settings = BridgeSettings(
+            f"from-{there.name}",
+            remotes=[mesh.network.connectable(there.name, source=here.name)],
+            subscriptions=[f"{theirs}/>"],
+            topics=[TopicMapping(f"{theirs}/>", mode="SUB", destination=mine + "/{2-#}")],
+            hop_count_limit=8,
+        )
+        opened.append(open_bridge(here.vpn(), settings))
+    await mesh.clock.wait_for(lambda: all(o.state is LinkState.IN_SYNC for o in opened), within=30)
+    for node in (a, b):  # the ends each bridge opened on its peer de-duplicate too
+        for link in node.vpn().links:
+            link.dedup = True
+    readers = []
+    for node in (a, b):
+        session = node.connect(client_name=f"r-{node.name}")
+        session.subscribe(">")
+        readers.append(session)
+    await mesh.clock.settle()
+    a.connect(client_name="pub").publish("a/x", b"once")
+    with anyio.fail_after(10):  # a copy that lost its origin and hop count never stops
+        await mesh.clock.settle()
+    got = [[(m.topic, m.hop_count) for m in iter(r.receive_nowait, None)] for r in readers]
+    assert got == [[("a/x", 0)], [("b/x", 1)]]
+    dropped = opened[0].link.statistics().dropped
+    assert dropped.get("duplicate") == 1
