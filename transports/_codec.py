@@ -143,7 +143,9 @@ def options_to_wire(options: MessageOptions, now: float | None = None) -> dict[s
 
 def message_to_wire(message: Message, now: float | None = None) -> dict[str, Any]:
     """The wire keys of ``message``'s options, its origin and its hop count."""
-    wire = options_to_wire(message.options, now)
+    options = message.options
+    # Most messages crossing a link have nothing but their trail: no options to look at.
+    wire = {} if options is DEFAULT_OPTIONS else options_to_wire(options, now)
     if message.origin is not None:
         wire["o"] = message.origin
     if message.hop_count:
