@@ -137,6 +137,8 @@ def ms_deliver_batch(items: list[DeliverItem], payload: bytes) -> list[Message]:
         message.sender = item.sender  # type: ignore[misc]
         message.timestamp = item.timestamp  # type: ignore[misc]
         message.options = DEFAULT_OPTIONS  # type: ignore[misc]
+        message.origin = None  # type: ignore[misc]
+        message.hop_count = 0  # type: ignore[misc]
         message.size = size  # type: ignore[misc]
         append(message)
         offset = end
