@@ -362,11 +362,20 @@ class Bridge:
         they stop is counted on it as ``excluded`` or ``topic_too_short``. What no
         mapping of the direction takes crosses as it is: the other side asked for it
         (a two-way pair riding the same connection)."""
+        apply = self._apply
         if self.pub:
-            pipeline.add_egress(
-                "topic-mapping", lambda e: self._apply(self.pub, e, link), reason=""
-            )
-        pipeline.add_ingress("topic-mapping", lambda e: self._apply(self.sub, e, link), reason="")
+            pipeline.add_egress("topic-mapping", lambda e: apply(self.pub, e, link), reason="")
+
+        def sub(envelope: Envelope) -> bool:
+            # The mapper changes with the remote subscriptions: read it each time. With
+            # only plain subscriptions, only a retained message can change (it may lose
+            # its flag), so the others, most of them, skip the lookup.
+            mapper = self.sub
+            if mapper.keeps_topics and not envelope.message.options.retain:
+                return True
+            return apply(mapper, envelope, link)
+
+        pipeline.add_ingress("topic-mapping", sub, reason="")
 
     def _apply(self, mapper: TopicMapper, envelope: Envelope, link: Link) -> bool:
         message = envelope.message

@@ -279,6 +279,9 @@ class TopicMapper:
         if errors:
             raise ConfigurationError(_listed(errors), errors)
         self._cache: dict[str, Mapped | _Outcome] = {}
+        #: Every rule keeps the topic and excludes nothing (plain subscriptions): then
+        #: :meth:`map` changes nothing of a message that is not retained.
+        self.keeps_topics = all(r.template is None and not r.excludes for r in self._rules)
 
     @staticmethod
     def _compile(
