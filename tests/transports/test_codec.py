@@ -15,6 +15,7 @@ from meshbus import HEADER_LIMITS, DeliveryMode, Message
 from meshbus._messages import DEFAULT_OPTIONS, MessageOptions
 from meshbus.errors import ProtocolError
 from meshbus.transports._codec import (
+    FRAME_MESSAGES,
     FrameTooLarge,
     decode_deliver,
     decode_deliver_batch,
@@ -234,6 +235,18 @@ def test_a_link_batch_carries_each_messages_hop_count() -> None:
     # The same batch without hops: each message's own.
     [(_, header, payload)] = FrameDecoder(1 << 20).feed(encode_deliver_batch([plain, crossed]))
     assert [m.hop_count for m in decode_deliver_batch(header, payload)] == [0, 1]
+
+
+def test_a_long_batch_is_cut_into_frames_of_at_most_frame_messages() -> None:
+    n = 2 * FRAME_MESSAGES + 7
+    messages = [Message(f"t/{i}", b"x", origin=("n1", i)) for i in range(n)]
+    hops = [i % 3 for i in range(n)]
+    frames = FrameDecoder(1 << 24).feed(encode_deliver_batch(messages, hops=hops))
+    assert [len(header) for _, header, _ in frames] == [FRAME_MESSAGES, FRAME_MESSAGES, 7]
+    got = [m for _, header, payload in frames for m in decode_deliver_batch(header, payload)]
+    assert [(m.topic, m.origin, m.hop_count) for m in got] == [
+        (m.topic, m.origin, hop) for m, hop in zip(messages, hops, strict=True)
+    ]
 
 
 def test_options_travel_as_short_keys_holding_only_what_differs() -> None:
