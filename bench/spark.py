@@ -87,8 +87,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
-import math
 import os
 import platform
 import shutil
@@ -97,94 +95,39 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.to_thread
 from _harness import payloads
+from _spark_common import (
+    PAYLOAD_SIZE,
+    PHASES,
+    THROUGHPUT_TARGET,
+    TOPICS,
+    TRIGGER,
+    WARM,
+    CheckFailed,
+    Figure,
+    Report,
+    blocking,
+    bridged_node,
+    failure,
+    progress_recorder,
+    rate_text,
+    ratio,
+    say,
+    spark_timeout,
+    wait_until,
+)
+from _spark_latency import latency_phase
+from _spark_write import write_phase
 
-from meshbus import DEFAULT_PLUGINS, Message, Node
-
-T = TypeVar("T")
-
-PAYLOAD_SIZE = 100
-TOPICS = 8
-WARM = 2_000  # messages (rows) of the untimed warm-up runs
-LATENCY_INTERVAL = 0.2  # seconds between latency samples
-TRIGGER = "500 milliseconds"
-THROUGHPUT_TARGET = 2.0  # connector / plain tuples with the connector's batch
-LATENCY_TARGET_MS = 1_500.0  # p50
-WRITE_FILES = 4
-PHASES = ("pipeline", "throughput", "latency", "write")
-WRITE_COLUMNS = "value binary, topic string"
-
-
-class CheckFailed(Exception):
-    """A correctness check of one run failed; the figure is reported as failed."""
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
-def rate_text(rate: float) -> str:
-    return f"{rate:,.0f}"
-
-
-def failure(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"failed ({type(exc).__name__}: {text[:300]})"
-
-
-async def blocking(call: Callable[[], T]) -> T:
-    """A blocking Spark call, off the event loop."""
-    return await anyio.to_thread.run_sync(call)
-
-
-def spark_timeout(rows: int) -> float:
-    """Bound for one Spark run of ``rows``: at least 2,000 rows/s, plus start-up."""
-    return 120.0 + rows / 2_000
-
-
-@asynccontextmanager
-async def bridged_node(**settings: Any) -> AsyncIterator[tuple[Node, Any]]:
-    from meshbus.contrib.spark import SparkBridge
-
-    bridge = SparkBridge(listen="127.0.0.1:0", **settings)
-    async with Node(name="bench", plugins=[*DEFAULT_PLUGINS, bridge]) as node:
-        yield node, bridge
-
-
-@dataclass
-class Report:
-    failures: list[str] = field(default_factory=list)
-
-    def failed(self, label: str, exc: BaseException) -> None:
-        self.failures.append(label)
-        say(f"{label}: {failure(exc)}")
-
-
-@dataclass
-class Figure:
-    """The runs of one implementation: the best rate, or why it failed."""
-
-    rates: list[float] = field(default_factory=list)
-    error: BaseException | None = None
-    notes: str = ""
-
-    @property
-    def best(self) -> float | None:
-        return None if self.error is not None or not self.rates else max(self.rates)
-
-
-def ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}x" if a is not None and b else "n/a"
-
+from meshbus import Message, Node
 
 # --- throughput: bus -> Parquet --------------------------------------------------------
 
@@ -625,302 +568,6 @@ async def pipeline_size(
                 f".write.mode('append').parquet of what its subscription buffered; first "
                 f"publish -> last batch written; {fig.notes}; {common})"
             )
-
-
-# --- latency: publish -> visible ----------------------------------------------------------
-
-
-def progress_recorder() -> Any:
-    from pyspark.sql.streaming import StreamingQueryListener
-
-    from meshbus.contrib.spark._listener import committed_offsets
-
-    class ProgressRecorder(StreamingQueryListener):
-        """Records (time.time(), query id, next of the meshbus source) per progress event."""
-
-        def __init__(self) -> None:
-            self.events: list[tuple[float, str, int, int]] = []
-            self.durations: list[tuple[str, int, int]] = []  # query id, rows, trigger ms
-
-        def onQueryStarted(self, event: Any) -> None:
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:
-            now = time.time()
-            progress = event.progress
-            trigger_ms = int(progress.durationMs.get("triggerExecution", 0))
-            self.durations.append((str(progress.id), int(progress.numInputRows), trigger_ms))
-            for _stream, _consumer, next_offsets in committed_offsets(progress):
-                next_offset = sum(next_offsets.values())  # one partition here: its offset
-                self.events.append((now, str(progress.id), next_offset, int(progress.numInputRows)))
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:
-            pass
-
-        def reached(self, query_id: str) -> int:
-            return max((e[2] for e in self.events if e[1] == query_id), default=-1)
-
-        def visible_at(self, query_id: str, offset: int) -> float | None:
-            for when, qid, next_offset, _ in self.events:
-                if qid == query_id and next_offset > offset:
-                    return when
-            return None
-
-    return ProgressRecorder()
-
-
-def percentile(values: list[float], p: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise CheckFailed(f"{what}: not within {timeout:.0f} s")
-        await anyio.sleep(0.01)
-
-
-def latency_payload(seq: int) -> bytes:
-    return json.dumps({"seq": seq, "t": time.time()}).encode().ljust(PAYLOAD_SIZE)
-
-
-async def latency_phase(spark: Any, args: argparse.Namespace, work: Path, report: Report) -> None:
-    label = "spark latency publish -> visible"
-    samples = args.samples
-    recorder = progress_recorder()
-    out, ck = work / "latency-out", work / "latency-ck"
-    async with bridged_node(subscribe=["events/>"]) as (node, bridge):
-        app = node.connect(client_name="app", timestamps=True)
-        await blocking(lambda: (bridge.attach(spark), spark.streams.addListener(recorder)))
-        query = None
-        try:
-            t_start = time.perf_counter()
-            query = await blocking(
-                lambda: bridge.sink_to(
-                    spark, subscribe="events/>", path=str(out), checkpoint=str(ck), trigger=TRIGGER
-                )
-            )
-            query_id = str(query.id)
-            app.publish("events/warmup", latency_payload(-1))
-            await wait_until(lambda: recorder.reached(query_id) >= 1, 180, "warm-up message")
-            warm = time.perf_counter() - t_start
-            await anyio.sleep(3 * 0.5)  # three empty triggers
-            first = bridge.stream(subscribe=["events/>"]).next_offset
-            t0 = anyio.current_time()
-            for i in range(samples):
-                await anyio.sleep(max(0.0, t0 + i * LATENCY_INTERVAL - anyio.current_time()))
-                app.publish(f"events/{i % TOPICS}", latency_payload(i))
-            last = first + samples
-            await wait_until(lambda: recorder.reached(query_id) >= last, 60, "the last sample")
-        except Exception as exc:
-            report.failed(label, exc)
-            return
-        finally:
-            if query is not None:
-                await blocking(query.stop)
-            await blocking(lambda: spark.streams.removeListener(recorder))
-
-    try:
-        rows = await blocking(
-            lambda: spark.read.parquet(str(out)).select("value", "offset").collect()
-        )
-        seen: dict[int, tuple[int, float]] = {}
-        for row in rows:
-            body = json.loads(bytes(row.value).rstrip())
-            if body["seq"] in seen:
-                raise CheckFailed(f"sample {body['seq']} is in the Parquet output twice")
-            seen[body["seq"]] = (int(row.offset), float(body["t"]))
-        missing = [i for i in [-1, *range(samples)] if i not in seen]
-        if missing or len(seen) != samples + 1:
-            raise CheckFailed(
-                f"{len(missing)} of {samples + 1} messages missing from the Parquet output"
-            )
-        latencies = []
-        for i in range(samples):
-            offset, published = seen[i]
-            visible = recorder.visible_at(query_id, offset)
-            if visible is None:
-                raise CheckFailed(f"sample {i} (offset {offset}) never reported committed")
-            latencies.append((visible - published) * 1000)
-    except Exception as exc:
-        report.failed(label, exc)
-        return
-    batches = [e for e in recorder.events if e[1] == query_id and e[3] > 0 and e[2] > first]
-    took = [ms for qid, rows, ms in recorder.durations if qid == query_id and rows > 0]
-    took = took[1:] or took  # the warm-up message's batch first
-    p50, p90 = percentile(latencies, 50), percentile(latencies, 90)
-    verdict = "PASS" if p50 <= LATENCY_TARGET_MS else "MISS"
-    say(
-        f"{label}: p50 {p50:,.0f} ms p90 {p90:,.0f} ms max {max(latencies):,.0f} ms "
-        f"(target p50 <= {LATENCY_TARGET_MS:,.0f} ms) {verdict} (sink_to trigger "
-        f"{TRIGGER} -> Parquet; {samples} messages, 1 per {LATENCY_INTERVAL * 1000:.0f} ms, in "
-        f"{len(batches)} micro-batches of median {percentile(took, 50):,.0f} ms; visible = this "
-        f"process's StreamingQueryListener got the progress event of the batch; all {samples} "
-        f"in the Parquet output once; query start -> warm-up message visible {warm:.1f} s, "
-        "not counted)"
-    )
-
-
-# --- write: Spark -> bus -------------------------------------------------------------------
-
-
-def prepare_rows(directory: Path, n: int) -> frozenset[bytes]:
-    """Write ``n`` rows as Parquet files; return their (distinct, random) payloads."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    directory.mkdir(parents=True, exist_ok=True)
-    data = payloads(n, PAYLOAD_SIZE)
-    per_file = -(-n // WRITE_FILES)
-    for f, lo in enumerate(range(0, n, per_file)):
-        hi = min(n, lo + per_file)
-        table = pa.table(
-            {
-                "value": pa.array(data[lo:hi], pa.binary()),
-                "topic": pa.array([f"out/{i % TOPICS}" for i in range(lo, hi)], pa.string()),
-            }
-        )
-        pq.write_table(table, directory / f"part-{f}.parquet")
-    return frozenset(data)
-
-
-class Counter:
-    """A sync on_message handler counting messages (and keeping their payloads)."""
-
-    def __init__(self) -> None:
-        self.reset(0)
-
-    def reset(self, target: int) -> None:
-        self.count = 0
-        self.payloads: list[bytes] = []
-        self.target = target
-        self.full_at: float | None = None
-
-    def __call__(self, message: Message) -> None:
-        self.count += 1
-        self.payloads.append(message.payload)
-        if self.count == self.target:
-            self.full_at = time.perf_counter()
-
-
-async def run_write(
-    spark: Any,
-    bridge: Any,
-    counter: Counter,
-    rows: Path,
-    expected: frozenset[bytes],
-    stream: bool,
-    ck: Path,
-) -> float:
-    n = len(expected)
-    counter.reset(n)
-    if stream:
-        frame = await blocking(lambda: spark.readStream.schema(WRITE_COLUMNS).parquet(str(rows)))
-
-        def go() -> None:
-            query = (
-                bridge.write_stream(frame, checkpoint=str(ck)).trigger(availableNow=True).start()
-            )
-            if not query.awaitTermination(spark_timeout(n)):
-                query.stop()
-                raise CheckFailed(f"the query did not finish in {spark_timeout(n):.0f} s")
-    else:
-        frame = await blocking(lambda: spark.read.schema(WRITE_COLUMNS).parquet(str(rows)))
-
-        def go() -> None:
-            bridge.write(frame)
-
-    t0 = time.perf_counter()
-    await blocking(go)
-    done = time.perf_counter()
-    await wait_until(lambda: counter.count >= n, 30, f"{n:,} messages on the bus")
-    assert counter.full_at is not None
-    elapsed = max(done, counter.full_at) - t0
-    await anyio.sleep(0.2)  # anything beyond N would be a duplicate
-    if counter.count != n or set(counter.payloads) != expected:
-        distinct = len(set(counter.payloads))
-        raise CheckFailed(
-            f"{counter.count:,} messages ({distinct:,} distinct payloads, "
-            f"{len(expected - set(counter.payloads)):,} missing) on the bus, expected "
-            f"the {n:,} rows once each"
-        )
-    return elapsed
-
-
-async def write_phase(spark: Any, args: argparse.Namespace, work: Path, report: Report) -> None:
-    n = args.messages
-    warm_n = min(WARM, n)
-    warm_rows = await blocking(lambda: prepare_rows(work / "rows-warm", warm_n))
-    rows = await blocking(lambda: prepare_rows(work / "rows", n))
-    figures = {"writeStream": Figure(), "write": Figure()}
-    async with bridged_node() as (node, bridge):
-        counter = Counter()
-        listener = node.connect(client_name="counter", on_message=counter)
-        listener.subscribe("out/>")
-        t0 = time.perf_counter()
-        warm_failed = []
-        for name in figures:
-            try:
-                await run_write(
-                    spark,
-                    bridge,
-                    counter,
-                    work / "rows-warm",
-                    warm_rows,
-                    name == "writeStream",
-                    work / f"ck-warm-{name}",
-                )
-            except Exception as exc:
-                warm_failed.append(f"{name} {failure(exc)}")
-        say(
-            f"# write warm-up: both paths once at N={warm_n:,}, untimed: "
-            f"{time.perf_counter() - t0:.1f} s"
-            + (f"; FAILED: {'; '.join(warm_failed)}" if warm_failed else "")
-        )
-        report.failures += [f"spark write warm-up {w.split()[0]}" for w in warm_failed]
-        names = list(figures)
-        for r in range(args.rounds):
-            for name in names[r % 2 :] + names[: r % 2]:
-                fig = figures[name]
-                try:
-                    elapsed = await run_write(
-                        spark,
-                        bridge,
-                        counter,
-                        work / "rows",
-                        rows,
-                        name == "writeStream",
-                        work / f"ck-{r}-{name}",
-                    )
-                    fig.rates.append(n / elapsed)
-                except Exception as exc:
-                    fig.error = fig.error or exc
-    common = (
-        f"N={n:,} rows x {PAYLOAD_SIZE} B from {WRITE_FILES} Parquet files, "
-        f"best of {args.rounds}, wall clock"
-    )
-    stream, batch = figures["writeStream"], figures["write"]
-    if stream.best is None:
-        report.failed("spark write writeStream -> bus", stream.error or CheckFailed("no run"))
-    else:
-        say(
-            f"spark write writeStream -> bus: {rate_text(stream.best)} rows/s = "
-            f"{ratio(stream.best, batch.best)} batch write (bridge.write_stream availableNow, "
-            f"until the query ended and a session on the node had all N; {common})"
-        )
-    if batch.best is None:
-        report.failed("spark write batch write -> bus", batch.error or CheckFailed("no run"))
-    else:
-        say(
-            f"spark write batch write -> bus: {rate_text(batch.best)} rows/s "
-            f"(bridge.write(spark.read.parquet), until a session on the node had all N; {common})"
-        )
 
 
 # --- main ------------------------------------------------------------------------------------
