@@ -9,7 +9,9 @@ arrives is queued, and reading is paused only while more than
 :data:`READ_HIGH_WATER` bytes wait to be read, which bounds memory as before.
 
 It also offers a write that never waits (:meth:`AsyncioTcpStream.send_nowait`),
-which the node uses to write deliveries from a publisher's read.
+which the node uses to write deliveries from a publisher's read, and a read that
+hands what arrives to a function right in the transport's callback
+(:meth:`AsyncioTcpStream.set_receiver`), without waking a reading task first.
 
 Only asyncio loops (uvloop included) have transports; on trio, streams stay
 anyio's. :func:`adopt_tcp_stream` decides.
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import socket
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -49,6 +52,8 @@ class _Protocol(asyncio.Protocol):
         self.exception: BaseException | None = None
         self.read_waiter: asyncio.Future[None] | None = None
         self.drain_waiter: asyncio.Future[None] | None = None
+        #: Takes what arrives instead of the queue, while set.
+        self.receiver: Callable[[bytes], None] | None = None
 
     def _wake_reader(self) -> None:
         waiter = self.read_waiter
@@ -61,6 +66,10 @@ class _Protocol(asyncio.Protocol):
             waiter.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        receiver = self.receiver
+        if receiver is not None:
+            receiver(bytes(data))
+            return
         self.chunks.append(bytes(data))
         self.buffered += len(data)
         if self.buffered > READ_HIGH_WATER and not self.reading_paused:
@@ -122,6 +131,45 @@ class AsyncioTcpStream(anyio.abc.ByteStream):
             protocol.reading_paused = False
             self._transport.resume_reading()
         return chunk
+
+    def set_receiver(self, receiver: Callable[[bytes], None] | None) -> None:
+        """Hand every chunk that arrives to ``receiver``, in the transport's callback
+        and in order, starting with what is queued now; ``None`` goes back to queueing
+        for :meth:`receive` and wakes a task in :meth:`wait_receiver`.
+
+        ``receiver`` must not raise, and must bound what it keeps: reading is not
+        paused for it.
+        """
+        protocol = self._protocol
+        protocol.receiver = receiver
+        if receiver is None:
+            protocol._wake_reader()
+        chunks = protocol.chunks
+        while receiver is not None and chunks and protocol.receiver is receiver:
+            chunk = chunks.popleft()
+            protocol.buffered -= len(chunk)
+            receiver(chunk)
+        if protocol.reading_paused and protocol.buffered <= _READ_LOW_WATER:
+            protocol.reading_paused = False
+            self._transport.resume_reading()
+
+    async def wait_receiver(self) -> None:
+        """Wait while a receiver is set and the stream is open.
+
+        :returns: when the receiver was taken away (:meth:`set_receiver`).
+        :raises anyio.EndOfStream: (or the other errors of :meth:`receive`) the
+            stream ended first.
+        """
+        protocol = self._protocol
+        receiver = protocol.receiver
+        while protocol.receiver is receiver is not None:
+            if protocol.eof or protocol.lost or self._closed:
+                raise self._read_error()
+            waiter = protocol.read_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                protocol.read_waiter = None
 
     def _read_error(self) -> Exception:
         protocol = self._protocol

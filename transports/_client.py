@@ -52,7 +52,7 @@ from ._outgoing import (
     encode_publishes,
     send_refusal,
 )
-from ._protocol import ConnectionState, LinkProtocol
+from ._protocol import LinkProtocol
 from ._remote_flow import RemoteFlow, Request
 from ._session_calls import SessionCalls
 from ._settings import MAX_FRAME_SIZE
@@ -316,8 +316,8 @@ class RemoteSession(SessionCalls):
         on_frame = self._on_frame
         egress_push = self._egress.push
         handler = self._handler
-        while protocol.state is ConnectionState.OPEN:
-            frames = await connection.receive_frames()
+
+        def received(frames: list[tuple[int, Any, bytes]]) -> None:  # never gives back
             for kind, header, payload in frames:
                 if kind == _DELIVER_BATCH:
                     messages = decode_deliver_batch(header, payload)
@@ -338,6 +338,8 @@ class RemoteSession(SessionCalls):
                             self._handler_failed()
             if protocol.out:
                 self._kick.set()
+
+        await connection.receive_into(received)
         if not self._closing:
             raise TransportError(f"node closed the connection: {protocol.close_reason}")
 

@@ -33,6 +33,10 @@ READ_SIZE = 256 * 1024
 
 _SYSTEM_CLOCK = SystemClock()
 
+Frames = list[tuple[int, Any, bytes]]
+"""Frames as :meth:`LinkProtocol.receive_data` returns them: kind, header or event, payload."""
+Handle = Callable[[Frames], Frames | None]
+
 
 @contextmanager
 def unwrap_errors() -> Iterator[None]:
@@ -101,6 +105,58 @@ class Connection:
         with map_exceptions(f"reading from {self.peer}"):
             data = await self.stream.receive(READ_SIZE)
         return protocol.receive_data(data, self._now())
+
+    async def receive_into(self, handle: Handle) -> Frames | None:
+        """Give ``handle`` the frames of each read, until it gives some back or the
+        connection leaves the OPEN state.
+
+        ``handle`` must not await. It returns ``None`` to go on, or the frames it
+        left for the caller (maybe none), which this then returns: the caller acts on
+        them with awaits (writing what the stream would not take at once, say) and
+        calls again.
+
+        On TCP under asyncio without compression, ``handle`` runs in the transport's
+        callback as the bytes arrive: the task that waits for a message wakes once,
+        not after a reading task did first. Elsewhere this loops on
+        :meth:`receive_frames`.
+
+        :returns: what ``handle`` gave back; ``None`` once the connection is not OPEN.
+        :raises TransportError: as :meth:`receive_frames` (and what ``handle`` raised).
+        """
+        protocol = self.protocol
+        stream = self._nowait
+        if stream is None or protocol.compression is not None:
+            while protocol.state is ConnectionState.OPEN:
+                rest = handle(await self.receive_frames())
+                if rest is not None:
+                    return rest
+            return None
+        now = self._now
+        failed: list[Exception] = []
+        given: list[Frames] = []
+
+        def received(data: bytes) -> None:
+            try:
+                rest = handle(protocol.receive_data(data, now()))
+            except Exception as exc:
+                failed.append(exc)
+                stream.set_receiver(None)
+                return
+            if rest is not None:
+                given.append(rest)
+                stream.set_receiver(None)  # what arrives next waits for the caller
+            elif protocol.state is not ConnectionState.OPEN:
+                stream.set_receiver(None)
+
+        try:
+            stream.set_receiver(received)
+            with map_exceptions(f"reading from {self.peer}"):
+                await stream.wait_receiver()
+        finally:
+            stream.set_receiver(None)
+        if failed:
+            raise failed[0]
+        return given[0] if given else None
 
     async def receive_handshake(self) -> ev.Hello | ev.Welcome:
         """Read until the handshake frame: HELLO (server side) or WELCOME (client side).

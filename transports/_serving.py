@@ -44,12 +44,13 @@ from ._answering import Answers, ServedFlows
 from ._calls import ServedCalls
 from ._codec import (
     FrameTooLarge,
+    PublishEntry,
     decode_publish,
     decode_publish_batch,
     encode_deliver,
     encode_deliver_batch,
 )
-from ._connection import unwrap_errors
+from ._connection import Frames, unwrap_errors
 from ._framing import FrameKind
 from ._protocol import ConnectionState
 from ._settings import ListenerSettings
@@ -178,12 +179,9 @@ class ServedSession:
     async def _read(self) -> None:
         connection = self.connection
         protocol = self.protocol
-        session = self.session
-        publish = session.publish
-        write_through = self._write_through
         while protocol.state is ConnectionState.OPEN:
             try:
-                frames = await connection.receive_frames()
+                frames = await connection.receive_into(self._received)
             except ProtocolError:
                 raise  # a violation, even though the protocol has marked itself closed
             except TransportError as exc:
@@ -191,33 +189,60 @@ class ServedSession:
                     raise
                 log.debug("connection from %s ended: %s", connection.peer, exc)
                 return
-            write_through.active = True
-            try:
-                for kind, header, payload in frames:
-                    if kind == _PUBLISH_BATCH:
-                        entries = decode_publish_batch(header, payload)
-                    elif kind == _PUBLISH:
-                        topic, options = decode_publish(header)
-                        entries = [(topic, payload, options)]
-                    else:  # a control frame: the protocol made it an event
-                        write_through.drain()  # before any await: others run meanwhile
-                        await self._control(header, payload)
-                        write_through.active = True
-                        continue
-                    for topic, body, options in entries:
-                        try:
-                            if options is None:
-                                publish(topic, body)
-                            else:
-                                self._publish_with(topic, body, options)
-                        except (MeshbusError, TypeError, ValueError) as exc:
-                            self.answers.error(None, exc, topic=topic)
-            finally:
-                write_through.drain()
+            while frames:  # from a control frame that may await on
+                _, event, payload = frames[0]
+                await self._control(event, payload)
+                frames = self._received(frames[1:])  # as before: all of the read's frames
             if protocol.out:
                 await connection.flush()
         if protocol.close_reason:
             log.info("connection from %s closed: %s", connection.peer, protocol.close_reason)
+
+    def _received(self, frames: Frames) -> Frames | None:
+        """Act on the frames of one read up to the first that may await (returned with
+        the rest, for :meth:`_read`), without awaiting: publishes and acks. Also returns
+        (nothing) when what is queued for the peer cannot be written without a wait.
+
+        What the publishes make the node write (to sessions, to links) goes out in one
+        write per connection at the end (see :class:`WriteThrough`).
+        """
+        write_through = self._write_through
+        write_through.active = True
+        try:
+            for i, (kind, header, payload) in enumerate(frames):
+                if kind == _PUBLISH_BATCH:
+                    entries = decode_publish_batch(header, payload)
+                elif kind == _PUBLISH:
+                    topic, options = decode_publish(header)
+                    entries = [(topic, payload, options)]
+                elif type(header) is ev.Ack:
+                    self._ack(header)
+                    continue
+                else:  # a control frame: the protocol made it an event
+                    return frames[i:]
+                self._publish(entries)
+        finally:
+            write_through.drain()
+        if self.protocol.out and not self.connection.flush_nowait():
+            return []
+        return None
+
+    def _publish(self, entries: list[PublishEntry]) -> None:
+        publish = self.session.publish
+        for topic, body, options in entries:
+            try:
+                if options is None:
+                    publish(topic, body)
+                else:
+                    self._publish_with(topic, body, options)
+            except (MeshbusError, TypeError, ValueError) as exc:
+                self.answers.error(None, exc, topic=topic)
+
+    def _ack(self, event: ev.Ack) -> None:
+        try:
+            self.flows.ack(event)
+        except StateError as exc:
+            self.answers.error(None, exc)
 
     def _publish_with(self, topic: str, payload: bytes, options: dict[str, Any]) -> None:
         headers = options.get("h")
@@ -253,10 +278,7 @@ class ServedSession:
     async def _control(self, event: object, payload: bytes) -> None:
         answers = self.answers
         if isinstance(event, ev.Ack):
-            try:
-                self.flows.ack(event)
-            except StateError as exc:
-                answers.error(None, exc)
+            self._ack(event)
             return
         if isinstance(event, ev.Send):  # answered by the sender, in order
             self._sends.append((event, payload))

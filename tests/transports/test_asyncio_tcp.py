@@ -148,3 +148,85 @@ async def test_data_anyio_had_already_received_is_kept(anyio_backend: str) -> No
         finally:
             await client.aclose()
             await server.aclose()
+
+
+# --- handing what arrives to a receiver (reads in the transport's callback) -------------------
+
+
+async def wait_for_bytes(got: list[bytes], size: int) -> bytes:
+    with anyio.fail_after(10):
+        while sum(map(len, got)) < size:
+            await anyio.sleep(0.001)
+    return b"".join(got)
+
+
+async def test_a_receiver_gets_what_was_queued_first_then_what_arrives(
+    pair: tuple[AsyncioTcpStream, AsyncioTcpStream],
+) -> None:
+    client, server = pair
+    await client.send(b"queued ")
+    with anyio.fail_after(5):
+        while not server._protocol.chunks:
+            await anyio.sleep(0.001)
+    got: list[bytes] = []
+    server.set_receiver(got.append)
+    assert got == [b"queued "]  # handed over at once, not left behind newer bytes
+    await client.send(b"then more")
+    assert await wait_for_bytes(got, 16) == b"queued then more"
+    server.set_receiver(None)  # back to reads: nothing goes to the receiver any more
+    await client.send(b"read")
+    assert await read_exactly(server, 4) == b"read"
+    assert b"".join(got) == b"queued then more"
+
+
+async def test_a_receiver_set_while_reading_was_paused_resumes_it(
+    pair: tuple[AsyncioTcpStream, AsyncioTcpStream],
+) -> None:
+    client, server = pair
+    total = 320  # more than the high-water mark plus the kernel's buffers take
+    got: list[bytes] = []
+
+    async def send_all() -> None:
+        for n in range(total):
+            await client.send(block(n))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(send_all)
+        with anyio.fail_after(10):
+            while not server._protocol.reading_paused:
+                await anyio.sleep(0.01)
+        server.set_receiver(got.append)
+        assert not server._protocol.reading_paused
+        received = await wait_for_bytes(got, total * len(block(0)))
+    assert received == b"".join(block(n) for n in range(total))
+
+
+async def test_waiting_on_a_receiver_ends_when_it_is_taken_away(
+    pair: tuple[AsyncioTcpStream, AsyncioTcpStream],
+) -> None:
+    client, server = pair
+
+    def take_away_on_stop(data: bytes) -> None:
+        if data.endswith(b"stop"):
+            server.set_receiver(None)
+
+    server.set_receiver(take_away_on_stop)
+    await client.send(b"go on")
+    await client.send(b"stop")
+    with anyio.fail_after(5):
+        await server.wait_receiver()  # returns: taken away, the stream still open
+    await client.send(b"!")
+    assert await read_exactly(server, 1) == b"!"
+
+
+async def test_waiting_on_a_receiver_raises_when_the_stream_ends(
+    pair: tuple[AsyncioTcpStream, AsyncioTcpStream],
+) -> None:
+    client, server = pair
+    got: list[bytes] = []
+    server.set_receiver(got.append)
+    await client.send(b"last words")
+    await client.send_eof()
+    with anyio.fail_after(5), pytest.raises(anyio.EndOfStream):
+        await server.wait_receiver()
+    assert b"".join(got) == b"last words"  # everything before the end was handed over

@@ -1,0 +1,116 @@
+"""Frames read in the transport's callback (TCP on asyncio) keep the order of one read.
+
+A node acts on publishes and acks as the bytes arrive and hands control frames that
+may await (subscribe, bind, send, ...) to the connection's task, with the rest of the
+read behind them. Whichever path a frame takes, it is acted on in the order the
+client wrote it, on trio (no callback reads) as on asyncio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from meshbus import Node
+from meshbus.transports import Server, connect
+from meshbus.transports._codec import decode_deliver, decode_deliver_batch, encode_publish
+from meshbus.transports._framing import FrameKind, encode_frame
+from meshbus.transports._protocol import LinkProtocol, Role
+from meshbus.transports._streams import connect_stream
+
+K = FrameKind
+
+
+class RawClient:
+    """A client made by hand, to put many frames of different kinds in one write."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stream = stream
+        self.protocol = LinkProtocol(Role.CLIENT, max_frame_size=1 << 26)
+        self.frames: list[tuple[int, Any, bytes]] = []
+
+    async def read_until(self, done: Any) -> None:
+        with anyio.fail_after(10):
+            while not done():
+                self.frames.extend(self.protocol.receive_data(await self.stream.receive(1 << 20)))
+
+    async def login(self) -> None:
+        self.protocol.hello({"version": 1, "vpn": "default", "username": "raw"})
+        await self.stream.send(self.protocol.data_to_send())
+        await self.read_until(lambda: any(k == K.WELCOME for k, _, _ in self.frames))
+        self.frames.clear()
+
+    def payloads(self) -> list[bytes]:
+        got: list[bytes] = []
+        for kind, header, payload in self.frames:
+            if kind == K.DELIVER:
+                got.append(decode_deliver(header, payload).payload)
+            elif kind == K.DELIVER_BATCH:
+                got.extend(m.payload for m in decode_deliver_batch(header, payload))
+        return got
+
+
+async def test_publishes_and_subscription_changes_in_one_write_keep_their_order(
+    node: Node, server: Server
+) -> None:
+    client = RawClient(await connect_stream(server.url))
+    try:
+        await client.login()
+        send = client.protocol.send
+        send_raw = client.protocol.send_raw
+        send_raw(encode_publish("a/x", b"1"))  # nobody subscribed yet
+        send(K.SUBSCRIBE, {"id": 1, "subscription": "a/>"})
+        send_raw(encode_publish("a/x", b"2"))
+        send(K.UNSUBSCRIBE, {"id": 2, "subscription": "a/>"})
+        send_raw(encode_publish("a/x", b"3"))
+        send(K.SUBSCRIBE, {"id": 3, "subscription": "a/>"})
+        send_raw(encode_publish("a/x", b"4"))
+        send(K.REQUEST, {"id": 4, "what": "sync"})
+        send_raw(encode_publish("a/x", b"end"))
+        await client.stream.send(client.protocol.data_to_send())  # one write
+
+        def done() -> bool:
+            answered = any(k == K.OK and h.id == 4 for k, h, _ in client.frames)
+            return answered and b"end" in client.payloads()
+
+        await client.read_until(done)
+        assert client.payloads() == [b"2", b"4", b"end"]
+        answered = [h.id for k, h, _ in client.frames if k == K.OK]
+        assert answered == [1, 2, 3, 4]  # in the order asked
+    finally:
+        await client.stream.aclose()
+
+
+async def test_a_bad_frame_behind_good_ones_closes_only_its_connection(
+    node: Node, server: Server
+) -> None:
+    """A read with a bad frame is refused whole and the connection closed (what earlier
+    reads did stands); another client goes on."""
+    async with connect(server.url) as healthy:
+        healthy.subscribe("b/>")
+        await healthy.confirm()
+        client = RawClient(await connect_stream(server.url))
+        try:
+            await client.login()
+            client.protocol.send_raw(encode_publish("b/1", b"before"))
+            await client.stream.send(client.protocol.data_to_send())
+            with anyio.fail_after(10):
+                assert (await healthy.receive()).payload == b"before"
+            client.protocol.send_raw(encode_publish("b/1", b"refused with its read"))
+            client.protocol.send_raw(encode_frame(0x99, {}))  # a kind no node takes
+            await client.stream.send(client.protocol.data_to_send())
+            await client.read_until(
+                lambda: (
+                    any(k == K.CLOSE or k == K.ERROR for k, _, _ in client.frames)
+                    or client.protocol.state.name == "CLOSED"
+                )
+            )
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            pass  # the node closed it before saying why: closed all the same
+        finally:
+            await client.stream.aclose()
+        healthy.publish("b/2", b"after")
+        with anyio.fail_after(10):
+            assert (await healthy.receive()).payload == b"after"
