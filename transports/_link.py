@@ -55,7 +55,7 @@ from ._codec import (
     decode_flow_deliver,
     encode_deliver_batch,
 )
-from ._connection import Connection, unwrap_errors
+from ._connection import Connection, Frames, unwrap_errors
 from ._dialing import ConnectSettings
 from ._framing import FrameKind
 from ._link_adverts import Advertising
@@ -507,45 +507,53 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
 
     async def _read(self, connection: Connection) -> None:
         protocol = connection.protocol
+        # What came in the same read as the WELCOME (a dialling side) comes first.
+        frames, connection.early = connection.early, []
+        rest = self._received(frames) if frames else None
+        while True:
+            while rest:  # from a control frame that may await on, in order
+                _, event, payload = rest[0]
+                await self._control(event, payload)
+                rest = self._received(rest[1:])
+            if protocol.state is not ConnectionState.OPEN:
+                return
+            try:
+                rest = await connection.receive_into(self._received)
+            except ProtocolError:
+                raise
+            except TransportError:
+                if protocol.state is ConnectionState.OPEN:
+                    raise
+                return
+
+    def _received(self, frames: Frames) -> Frames | None:
+        """Act on the messages of one read, without awaiting, up to the first control
+        frame; that one and the rest are returned for :meth:`_read`."""
         receive = self.receive
         now = self._now
         write_through = self._write_through
-        # What came in the same read as the WELCOME (a dialling side) comes first.
-        frames, connection.early = connection.early, []
-        while protocol.state is ConnectionState.OPEN:
-            if not frames:
-                try:
-                    frames = await connection.receive_frames()
-                except ProtocolError:
-                    raise
-                except TransportError:
-                    if protocol.state is ConnectionState.OPEN:
-                        raise
-                    return
-            # What the messages of one read make the node write (to sessions, to other
-            # links) goes out in one write per connection at the end of it.
-            write_through.active = True
-            try:
-                for kind, header, payload in frames:
-                    if kind == _DELIVER_BATCH:
-                        for message in decode_deliver_batch(header, payload, now()):
-                            if not message.options.size or self._within_limits(message):
-                                receive(message)
-                    elif kind == _DELIVER:
-                        message = decode_deliver(header, payload, now())
+        # What the messages of one read make the node write (to sessions, to other
+        # links) goes out in one write per connection at the end of it.
+        write_through.active = True
+        try:
+            for i, (kind, header, payload) in enumerate(frames):
+                if kind == _DELIVER_BATCH:
+                    for message in decode_deliver_batch(header, payload, now()):
                         if not message.options.size or self._within_limits(message):
                             receive(message)
-                    elif kind == _FLOW_DELIVER:
-                        self._arrived(*decode_flow_deliver(header, payload, now()))
-                    else:
-                        write_through.drain()  # before any await: others run meanwhile
-                        await self._control(header, payload)
-                        write_through.active = True
-            finally:
-                write_through.drain()
-            frames = []
-            if protocol.out:
-                self._wake.set()
+                elif kind == _DELIVER:
+                    message = decode_deliver(header, payload, now())
+                    if not message.options.size or self._within_limits(message):
+                        receive(message)
+                elif kind == _FLOW_DELIVER:
+                    self._arrived(*decode_flow_deliver(header, payload, now()))
+                else:
+                    return frames[i:]
+        finally:
+            write_through.drain()
+        if self._connection is not None and self._connection.protocol.out:
+            self._wake.set()
+        return None
 
     def _within_limits(self, message: Message) -> bool:
         """Whether ``message``'s headers are within :data:`~meshbus.HEADER_LIMITS`, as
