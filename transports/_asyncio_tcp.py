@@ -132,6 +132,11 @@ class AsyncioTcpStream(anyio.abc.ByteStream):
             self._transport.resume_reading()
         return chunk
 
+    @property
+    def queued(self) -> int:
+        """Bytes received and not read yet (none while a receiver takes them)."""
+        return self._protocol.buffered
+
     def set_receiver(self, receiver: Callable[[bytes], None] | None) -> None:
         """Hand every chunk that arrives to ``receiver``, in the transport's callback
         and in order, starting with what is queued now; ``None`` goes back to queueing

@@ -106,6 +106,13 @@ class Connection:
             data = await self.stream.receive(READ_SIZE)
         return protocol.receive_data(data, self._now())
 
+    @property
+    def input_queued(self) -> bool:
+        """Whether bytes wait in the stream for :meth:`receive_frames` (as far as known:
+        only a TCP stream on asyncio tells)."""
+        stream = self._nowait
+        return stream is not None and stream.queued > 0
+
     async def receive_into(self, handle: Handle) -> Frames | None:
         """Give ``handle`` the frames of each read, until it gives some back or the
         connection leaves the OPEN state.

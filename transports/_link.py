@@ -165,6 +165,7 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
         self._pending_bytes = 0
         self._wake = anyio.Event()
         self._woken = False  # send() set the event this writer round
+        self._behind = False  # the last read left a destination's writes to its writer
         self._now = vpn.node.clock.time
         self._monotonic = vpn.node.clock.monotonic
         self._queued_at = 0.0  # when the first message waiting for the peer came
@@ -287,20 +288,21 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
             self._wake.set()
         return True
 
-    def write_ready(self) -> None:
+    def write_ready(self) -> bool:
         """Write what waits for the peer now if the stream takes it without waiting,
         else leave it to the writer task (see :class:`WriteThrough`)."""
         connection = self._connection
         if connection is None or not self._pending:
-            return
+            return True
         if not connection.can_flush_nowait():
             self._wake.set()
-            return
+            return False
         messages, hops = self._pending, self._hops
         self._pending, self._hops, self._pending_bytes = [], [], 0
         self._encode(connection.protocol.peer_max_frame_size, messages, hops, self._now())
         connection.flush_nowait()
         self.forward_latency.record(self._monotonic() - self._queued_at, len(messages))
+        return True
 
     @property
     def peer(self) -> str:
@@ -518,7 +520,12 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
             if protocol.state is not ConnectionState.OPEN:
                 return
             try:
-                rest = await connection.receive_into(self._received)
+                if (
+                    self._behind or connection.input_queued
+                ):  # as a node's client connections do (ServedSession._read)
+                    rest = self._received(await connection.receive_frames())
+                else:
+                    rest = await connection.receive_into(self._received)
             except ProtocolError:
                 raise
             except TransportError:
@@ -528,7 +535,8 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
 
     def _received(self, frames: Frames) -> Frames | None:
         """Act on the messages of one read, without awaiting, up to the first control
-        frame; that one and the rest are returned for :meth:`_read`."""
+        frame; that one and the rest are returned for :meth:`_read`. Also returns
+        (nothing) when a destination's writes were left to its writer task."""
         receive = self.receive
         now = self._now
         write_through = self._write_through
@@ -550,10 +558,10 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
                 else:
                     return frames[i:]
         finally:
-            write_through.drain()
+            self._behind = not write_through.drain()
         if self._connection is not None and self._connection.protocol.out:
             self._wake.set()
-        return None
+        return [] if self._behind else None
 
     def _within_limits(self, message: Message) -> bool:
         """Whether ``message``'s headers are within :data:`~meshbus.HEADER_LIMITS`, as

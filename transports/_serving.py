@@ -85,7 +85,10 @@ class Writer(Protocol):
         """Who the writes are for, in logs."""
         ...
 
-    def write_ready(self) -> None: ...
+    def write_ready(self) -> bool:
+        """Write what waits now if the stream takes it without waiting, else wake the
+        writer task; return ``False`` when the writer task was woken for it."""
+        ...
 
     def wake_writer(self) -> None: ...
 
@@ -109,19 +112,27 @@ class WriteThrough:
         #: Writes made this way (a reader writing another connection's deliveries).
         self.writes = 0
 
-    def drain(self) -> None:
-        """Stop collecting and write what was collected."""
+    def drain(self) -> bool:
+        """Stop collecting and write what was collected.
+
+        :returns: whether everything was written; ``False`` when some connection's
+            stream would not take its writes now and they were left to its writer task
+            (the reader is then ahead of a destination: see :meth:`ServedSession._read`).
+        """
         self.active = False
         ready = self.ready
+        written = True
         if ready:
             self.ready = []
             for served in ready:
                 served.marked = False  # first: a failure below must not leave it marked
                 try:
-                    served.write_ready()
+                    written = served.write_ready() and written
                 except Exception:  # a bug there must not end the reader's connection
                     log.exception("writing deliveries to %s failed", served.peer)
                     served.wake_writer()  # its writer writes them, or fails on its own
+                    written = False
+        return written
 
 
 class ServedSession:
@@ -151,6 +162,8 @@ class ServedSession:
         self._write_through = write_through if write_through is not None else WriteThrough()
         #: In its node's write-through list already (see :class:`WriteThrough`).
         self.marked = False
+        #: The last read left a destination's writes to its writer task.
+        self._behind = False
         #: When the client logged in, in wall-clock seconds of the node's clock.
         self.since = session.node.clock.time()
         session.stash[SERVED] = self  # the management API finds connections this way
@@ -181,7 +194,13 @@ class ServedSession:
         protocol = self.protocol
         while protocol.state is ConnectionState.OPEN:
             try:
-                frames = await connection.receive_into(self._received)
+                if self._behind or connection.input_queued:
+                    # The last read left writes to a writer task: read the next one in
+                    # this task's turn, after theirs, rather than as soon as it arrives
+                    # (else a fast publisher's reads take the loop from them).
+                    frames = self._received(await connection.receive_frames())
+                else:
+                    frames = await connection.receive_into(self._received)
             except ProtocolError:
                 raise  # a violation, even though the protocol has marked itself closed
             except TransportError as exc:
@@ -201,13 +220,15 @@ class ServedSession:
     def _received(self, frames: Frames) -> Frames | None:
         """Act on the frames of one read up to the first that may await (returned with
         the rest, for :meth:`_read`), without awaiting: publishes and acks. Also returns
-        (nothing) when what is queued for the peer cannot be written without a wait.
+        (nothing) when what is queued for the peer cannot be written without a wait,
+        or when a destination's writes were left to its writer task.
 
         What the publishes make the node write (to sessions, to links) goes out in one
         write per connection at the end (see :class:`WriteThrough`).
         """
         write_through = self._write_through
         write_through.active = True
+        written = False
         try:
             for i, (kind, header, payload) in enumerate(frames):
                 if kind == _PUBLISH_BATCH:
@@ -222,8 +243,9 @@ class ServedSession:
                     return frames[i:]
                 self._publish(entries)
         finally:
-            write_through.drain()
-        if self.protocol.out and not self.connection.flush_nowait():
+            written = write_through.drain()
+            self._behind = not written
+        if not written or (self.protocol.out and not self.connection.flush_nowait()):
             return []
         return None
 
@@ -468,12 +490,12 @@ class ServedSession:
         """Let the pump write what waits (when :meth:`write_ready` could not)."""
         self.session.egress.wake()
 
-    def write_ready(self) -> None:
+    def write_ready(self) -> bool:
         """Write the waiting deliveries now, without the pump, if the stream takes them
-        without waiting; otherwise wake the pump to write them."""
+        without waiting; otherwise wake the pump to write them (and return ``False``)."""
         egress = self.session.egress
         if not egress.consumer_waiting:
-            return  # the pump is awake (or the session closed): it takes them
+            return True  # the pump is awake (or the session closed): it takes them
         connection = self.connection
         receive_nowait = self.session.receive_nowait
         # Take messages only while they can be written at once: frames left queued
@@ -481,11 +503,12 @@ class ServedSession:
         while self.protocol.state is ConnectionState.OPEN and connection.can_flush_nowait():
             message = receive_nowait()
             if message is None:
-                return
+                return True
             self._encode_deliveries(message)
             connection.flush_nowait()
             self._write_through.writes += 1
         egress.wake()  # the pump writes the rest, awaiting room in the stream
+        return False
 
     def _deliver_one_by_one(self, batch: list[Message]) -> None:
         out = self.protocol.out

@@ -272,3 +272,39 @@ async def test_a_failing_write_through_costs_neither_connection(
     assert [m.topic for m in messages] == ["bug/1", "bug/2"]
     assert len(failures) == 1
     assert "writing deliveries to" in caplog.text
+
+
+class _Writer:
+    """A connection as :class:`WriteThrough` sees it, writing or not as told."""
+
+    def __init__(self, writes: bool) -> None:
+        self.marked = True
+        self.writes = writes
+        self.woken = 0
+
+    @property
+    def peer(self) -> str:
+        return "test"
+
+    def write_ready(self) -> bool:
+        if not self.writes:
+            self.woken += 1  # as the real ones do: wake their writer, say so
+        return self.writes
+
+    def wake_writer(self) -> None:
+        self.woken += 1
+
+
+def test_drain_says_whether_a_writer_task_was_left_work() -> None:
+    """The reader learns that a destination fell behind (it then reads in its task's
+    turn, so the destination's writer gets the loop as well)."""
+    through = WriteThrough()
+    both = [_Writer(True), _Writer(True)]
+    through.ready = list(both)
+    assert through.drain() is True
+    assert not any(w.marked for w in both)
+    stuck = _Writer(False)
+    through.ready = [_Writer(True), stuck, _Writer(True)]
+    assert through.drain() is False
+    assert stuck.woken == 1 and not stuck.marked
+    assert through.ready == [] and through.drain() is True  # nothing left: all written
