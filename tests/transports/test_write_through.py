@@ -306,5 +306,7 @@ def test_drain_says_whether_a_writer_task_was_left_work() -> None:
     stuck = _Writer(False)
     through.ready = [_Writer(True), stuck, _Writer(True)]
     assert through.drain() is False
-    assert stuck.woken == 1 and not stuck.marked
-    assert through.ready == [] and through.drain() is True  # nothing left: all written
+    assert stuck.woken == 1
+    assert not stuck.marked
+    assert through.ready == []
+    assert through.drain() is True  # nothing left: all written
