@@ -705,6 +705,7 @@ async def meshbus_broker_role(tls_dir: str | None, metrics: bool = False, queues
     import anyio
 
     import meshbus
+    from meshbus.app._collector import tune_collector
     from meshbus.transports import ListenerSettings, TlsSettings, start_server
 
     tls = None
@@ -721,6 +722,7 @@ async def meshbus_broker_role(tls_dir: str | None, metrics: bool = False, queues
             endpoint = await serve_metrics(node, f"{HOST}:0")
             say(f"metrics on {HOST}:{endpoint.port}")
         server = await start_server(node, ListenerSettings(host=HOST, port=0, tls=tls))
+        tune_collector()  # as `meshbus run` does once its listeners are up
         say(f"listening on {HOST}:{server.port}")
         await anyio.sleep_forever()  # until the orchestrator terminates it
 

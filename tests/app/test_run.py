@@ -316,3 +316,14 @@ def test_parse_address(text: str, address: tuple[str, int]) -> None:
 def test_parse_address_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="expected HOST:PORT"):
         parse_address(text)
+
+
+def test_the_node_process_tunes_its_garbage_collector(command: Start, tmp_path: Path) -> None:
+    """A node makes many short-lived objects per message: its process raises the
+    collector's first threshold once the listeners are up (app/_collector.py)."""
+    cmd = command(["--listen", "127.0.0.1:0", "--log-level", "debug"], tmp_path)
+    cmd.wait_for("meshbus run: node ")
+    assert cmd.finish(signal.SIGTERM) == 0
+    tuned = [line for line in cmd.stderr_lines if "garbage collector: thresholds" in line]
+    assert len(tuned) == 1, cmd.stderr_lines
+    assert "(50000, 20, 20)" in tuned[0]
