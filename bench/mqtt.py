@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _foreign_roles
 import _peers
 import transport
 from _harness import verdict
@@ -401,7 +402,7 @@ def _client(url: str, name: str) -> Any:
 
     client.on_connect = on_connect
     client.connect(*_peers.host_port(url), keepalive=60)
-    _peers._paho_until(client, lambda: bool(connected), READY_TIMEOUT, "CONNACK")
+    _foreign_roles._paho_until(client, lambda: bool(connected), READY_TIMEOUT, "CONNACK")
     if connected[0].is_failure:
         raise PeerError(f"MQTT connect refused: {connected[0]}")
     return client
@@ -437,7 +438,7 @@ def qos1_sub(url: str, messages: int) -> None:
     client.on_subscribe = lambda client, userdata, mid, codes, props: acked.append(codes)
     try:
         client.subscribe("bench/#", qos=1)
-        _peers._paho_until(client, lambda: bool(acked), READY_TIMEOUT, "SUBACK")
+        _foreign_roles._paho_until(client, lambda: bool(acked), READY_TIMEOUT, "SUBACK")
         granted = acked[0][0]
         if getattr(granted, "value", granted) != 1:
             raise PeerError(f"QoS 1 subscription answered with {granted}")
