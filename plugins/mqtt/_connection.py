@@ -1,7 +1,9 @@
 """One MQTT client's connection: its login, its packets, and what it is sent.
 
-A connection reads packets in one task and answers them in order; what the node
-has for the client is written by two more: one takes the direct messages of the
+A connection reads packets in one task and answers them in order (on plain TCP
+under asyncio, QoS 0 publishes are acted on in the transport's callback as they
+arrive, without waking that task, and any other packet goes to the task with the
+rest of its read); what the node has for the client is written by two more: one takes the direct messages of the
 connection's meshbus session (QoS 0 subscriptions, shared ones and everything a
 slow client's bounded buffer keeps, SPEC 2), the other the session queue's flow
 (QoS 1 subscriptions), whose window is the client's receive maximum, so no more
@@ -50,6 +52,7 @@ from meshbus import (
     StateError,
 )
 from meshbus.abc import Flow
+from meshbus.transports import AsyncioTcpStream
 
 from ._codec import MQTT_5, Codec, MalformedPacket, PacketReader, Publish311, read_connect
 from ._delivering import Delivering
@@ -387,9 +390,9 @@ class MqttConnection(Subscribing, Delivering):
 
     async def _read(self, reader: PacketReader) -> None:
         stream = self.stream
-        codec = self.codec
-        assert codec is not None
-        read = codec.read
+        if isinstance(stream, AsyncioTcpStream):
+            await self._read_in_callbacks(stream, reader)
+            return
         clock = self.node.clock
         limit = self.keepalive * 1.5
         while True:
@@ -397,12 +400,68 @@ class MqttConnection(Subscribing, Delivering):
                 data = await stream.receive(_READ_SIZE)
             if waited is not None and waited.cancelled_caught:
                 raise Closed("keepalive timed out", KEEPALIVE_TIMEOUT)
-            for raw in reader.feed(data):
-                packet = read(raw)
-                if type(packet) in _PUBLISHES:
-                    await self._publish(packet)
-                else:
-                    await self._control(packet)
+            await self._packets(reader.feed(data))
+
+    async def _packets(self, packets: list[bytes]) -> None:
+        read = self.codec.read  # type: ignore[union-attr]
+        for raw in packets:
+            packet = read(raw)
+            if type(packet) in _PUBLISHES:
+                await self._publish(packet)
+            else:
+                await self._control(packet)
+
+    async def _read_in_callbacks(self, stream: AsyncioTcpStream, reader: PacketReader) -> None:
+        """Read as :meth:`_read` does, acting on QoS 0 publishes in the transport's
+        callback as they arrive (no task wakes for them); any other packet goes to this
+        task, with the rest of its read, in order. While input is queued (this task was
+        busy), reads wait for this task's turn, as in :meth:`_read`."""
+        read = self.codec.read  # type: ignore[union-attr]
+        clock = self.node.clock
+        limit = self.keepalive * 1.5
+        heard = clock.monotonic()
+        later: list[bytes] = []
+        failed: list[Exception] = []
+
+        def received(data: bytes) -> None:
+            nonlocal heard
+            heard = clock.monotonic()
+            try:
+                packets = reader.feed(data)
+                for i, raw in enumerate(packets):
+                    packet = read(raw)
+                    if type(packet) in _PUBLISHES and packet.qos == 0:
+                        self._publish_qos0(self._topic_of(packet), packet)
+                    else:
+                        later.extend(packets[i:])
+                        stream.set_receiver(None)
+                        return
+            except Exception as exc:
+                failed.append(exc)
+                stream.set_receiver(None)
+
+        while True:
+            if later:
+                packets = later[:]
+                later.clear()
+                await self._packets(packets)
+            if failed:
+                raise failed[0]
+            if stream.queued:
+                await self._packets(reader.feed(await stream.receive(_READ_SIZE)))
+                heard = clock.monotonic()
+                continue
+            try:
+                stream.set_receiver(received)
+                if later or failed:
+                    continue
+                wait = limit - (clock.monotonic() - heard) if limit else None
+                if wait is not None and wait <= 0:
+                    raise Closed("keepalive timed out", KEEPALIVE_TIMEOUT)
+                with clock.move_on_after(wait) if wait else nullcontext():
+                    await stream.wait_receiver()
+            finally:
+                stream.set_receiver(None)
 
     def _plain(self, packet: PublishPacket) -> bool:
         """Whether a QoS 1 publish can share a store commit with others: no retain,
@@ -527,10 +586,21 @@ class MqttConnection(Subscribing, Delivering):
             raise MalformedPacket(f"{kind.__name__} is not supported", PROTOCOL_ERROR)
 
     async def _publish(self, packet: PublishPacket) -> None:
-        codec = self.codec
-        assert codec is not None
-        session = self.session
-        assert session is not None
+        topic = self._topic_of(packet)
+        qos = packet.qos
+        if qos == 0:
+            self._publish_qos0(topic, packet)
+            return
+        if len(self._qos2) + len(self._waiting) >= self.settings.receive_maximum and qos == 2:
+            raise Closed("more QoS 2 publishes in flight than allowed", RECEIVE_MAX_EXCEEDED)
+        self._waiting.append((topic, packet))
+        self._work.set()
+        while len(self._waiting) >= self.settings.receive_maximum:
+            self._room = anyio.Event()
+            await self._room.wait()  # the client sends more than it may: it waits
+
+    def _topic_of(self, packet: PublishPacket) -> str:
+        """The topic a PUBLISH is for (its alias resolved), checked; counts it."""
         topic = packet.topic
         alias = packet.topic_alias
         if alias is not None:
@@ -545,25 +615,22 @@ class MqttConnection(Subscribing, Delivering):
                 topic = known
         if "+" in topic or "#" in topic:
             raise MalformedPacket("a PUBLISH topic holds a wildcard", TOPIC_NAME_INVALID)
-        qos = packet.qos
         self.listener.received += 1
-        if qos == 0:
-            options = publish_options(packet) if codec.v5 else {}
-            try:
-                session.publish(topic, packet.payload, retain=packet.retain, **options)
-            except InvalidTopicError as exc:
-                raise Closed(f"topic {topic!r} is not valid: {exc}", TOPIC_NAME_INVALID) from None
-            except (AccessDeniedError, PublishRejectedError) as exc:
-                self.listener.refused_publishes += 1
-                log.info("MQTT client %r: QoS 0 publish dropped: %s", self.client_id, exc)
-            return
-        if len(self._qos2) + len(self._waiting) >= self.settings.receive_maximum and qos == 2:
-            raise Closed("more QoS 2 publishes in flight than allowed", RECEIVE_MAX_EXCEEDED)
-        self._waiting.append((topic, packet))
-        self._work.set()
-        while len(self._waiting) >= self.settings.receive_maximum:
-            self._room = anyio.Event()
-            await self._room.wait()  # the client sends more than it may: it waits
+        return topic
+
+    def _publish_qos0(self, topic: str, packet: PublishPacket) -> None:
+        codec = self.codec
+        session = self.session
+        assert codec is not None
+        assert session is not None
+        options = publish_options(packet) if codec.v5 else {}
+        try:
+            session.publish(topic, packet.payload, retain=packet.retain, **options)
+        except InvalidTopicError as exc:
+            raise Closed(f"topic {topic!r} is not valid: {exc}", TOPIC_NAME_INVALID) from None
+        except (AccessDeniedError, PublishRejectedError) as exc:
+            self.listener.refused_publishes += 1
+            log.info("MQTT client %r: QoS 0 publish dropped: %s", self.client_id, exc)
 
     async def _send(
         self, session: Session, topic: str, packet: PublishPacket, options: dict[str, Any]

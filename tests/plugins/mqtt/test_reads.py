@@ -1,0 +1,106 @@
+"""Reads of an MQTT connection: QoS 0 publishes are acted on as the bytes arrive (on
+asyncio, in the transport's callback) and everything else in the connection's task,
+in the order the client wrote it; the keepalive still counts every byte heard."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import mqtt5
+import pytest
+from mqtt5 import TopicFilter
+
+from meshbus import Node
+from meshbus.plugins.mqtt import MqttListener, MqttListenerSettings, start_mqtt_listener
+
+from ._packets import CONNECT_5
+
+
+@pytest.fixture
+async def listener() -> AsyncIterator[MqttListener]:
+    async with Node(name="edge") as node:
+        yield await start_mqtt_listener(node, MqttListenerSettings(port=0))
+
+
+class Raw:
+    """An MQTT 5 client made by hand, to put many packets in one write."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.buffer = b""
+        self.packets: list[Any] = []
+
+    async def read_until(self, done: Any, timeout: float = 10) -> None:
+        with anyio.fail_after(timeout):
+            while not done():
+                self.buffer += await self.stream.receive()
+                while self.buffer:
+                    try:
+                        packet, used = mqtt5.read(self.buffer)
+                    except IndexError:  # incomplete: wait for more
+                        break
+                    self.packets.append(packet)
+                    self.buffer = self.buffer[used:]
+
+    def payloads(self) -> list[bytes]:
+        return [p.payload for p in self.packets if type(p) is mqtt5.PublishPacket]
+
+
+async def login(port: int, connect: bytes = CONNECT_5) -> Raw:
+    client = Raw(await anyio.connect_tcp("127.0.0.1", port))
+    await client.stream.send(connect)
+    await client.read_until(lambda: client.packets)
+    assert type(client.packets[0]) is mqtt5.ConnAckPacket
+    client.packets.clear()
+    return client
+
+
+async def test_publishes_and_subscriptions_in_one_write_keep_their_order(
+    listener: MqttListener,
+) -> None:
+    client = await login(listener.port)
+    async with client.stream:
+        await client.stream.send(
+            b"".join(
+                packet.write()
+                for packet in (
+                    mqtt5.PublishPacket("a/x", b"1"),  # nobody subscribed yet
+                    mqtt5.SubscribePacket(1, [TopicFilter("a/#")]),
+                    mqtt5.PublishPacket("a/x", b"2"),
+                    mqtt5.UnsubscribePacket(2, ["a/#"]),
+                    mqtt5.PublishPacket("a/x", b"3"),
+                    mqtt5.SubscribePacket(3, [TopicFilter("a/#")]),
+                    mqtt5.PublishPacket("a/x", b"4"),
+                    mqtt5.PingReqPacket(),
+                    mqtt5.PublishPacket("a/x", b"end"),
+                )
+            )
+        )
+        await client.read_until(lambda: b"end" in client.payloads())
+        assert client.payloads() == [b"2", b"4", b"end"]
+        answers = [type(p).__name__ for p in client.packets if type(p) is not mqtt5.PublishPacket]
+        assert answers == ["SubAckPacket", "UnsubAckPacket", "SubAckPacket", "PingRespPacket"]
+
+
+async def test_qos0_publishes_keep_a_connection_alive(listener: MqttListener) -> None:
+    """Keepalive 1 s: a client that only publishes QoS 0 (read in callbacks) stays,
+    one that goes quiet is dropped after 1.5 s."""
+    connect = mqtt5.ConnectPacket("talker", clean_start=True, keep_alive=1).write()
+    client = await login(listener.port, connect)
+    async with client.stream:
+        with anyio.fail_after(10):
+            for _ in range(25):  # 2.5 s of publishing, more than 1.5 s
+                await client.stream.send(mqtt5.PublishPacket("t", b"x").write())
+                await anyio.sleep(0.1)
+            await client.stream.send(mqtt5.PingReqPacket().write())
+        await client.read_until(
+            lambda: any(type(p) is mqtt5.PingRespPacket for p in client.packets)
+        )
+        with anyio.fail_after(5):  # now quiet: dropped (after a DISCONNECT saying why)
+            try:
+                while True:
+                    client.buffer += await client.stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
