@@ -1,14 +1,14 @@
 """One MQTT client's connection: its login, its packets, and what it is sent.
 
-A connection reads packets in one task and answers them in order (on plain TCP
-under asyncio, QoS 0 publishes are acted on in the transport's callback as they
-arrive, without waking that task, and any other packet goes to the task with the
-rest of its read); what the node has for the client is written by two more: one takes the direct messages of the
-connection's meshbus session (QoS 0 subscriptions, shared ones and everything a
-slow client's bounded buffer keeps, SPEC 2), the other the session queue's flow
-(QoS 1 subscriptions), whose window is the client's receive maximum, so no more
-QoS 1 messages are in flight than the client allows. Writes share one lock; a
-client that stops reading holds up only its own tasks.
+A connection reads packets in one task and answers them in order (on plain TCP under
+asyncio, QoS 0 publishes are acted on in the transport's callback as they arrive,
+without waking that task, and any other packet goes to the task with the rest of its
+read); what the node has for the client is written by two more: one takes the direct
+messages of the connection's meshbus session (QoS 0 subscriptions, shared ones and
+everything a slow client's bounded buffer keeps, SPEC 2), the other the session
+queue's flow (QoS 1 subscriptions), whose window is the client's receive maximum, so
+no more QoS 1 messages are in flight than the client allows. Writes share one lock;
+a client that stops reading holds up only its own tasks.
 
 Anything the client sends that breaks the protocol ends this connection only
 (SPEC 13): a :class:`MalformedPacket` is answered with a DISCONNECT that says why
