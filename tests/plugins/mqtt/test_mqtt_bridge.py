@@ -340,7 +340,9 @@ destination = "commands/{{3-#}}"
 """,
         encoding="utf-8",
     )
-    args = [sys.executable, "-m", "meshbus", "run", "edge.toml", "--loop", anyio_backend]
+    # A free port for the node's own listener too: the default (55555) may be taken.
+    listen = ["--listen", "127.0.0.1:0"]
+    args = [sys.executable, "-m", "meshbus", "run", "edge.toml", "--loop", anyio_backend, *listen]
     child = Child(args, tmp_path)
     try:
         child.wait_for("meshbus run: node edge listening on ")
