@@ -106,12 +106,19 @@ class Connection:
             data = await self.stream.receive(READ_SIZE)
         return protocol.receive_data(data, self._now())
 
-    @property
-    def input_queued(self) -> bool:
-        """Whether bytes wait in the stream for :meth:`receive_frames` (as far as known:
-        only a TCP stream on asyncio tells)."""
+    async def receive_next(self, handle: Handle, *, wait_turn: bool = False) -> Frames | None:
+        """What :meth:`receive_into` returns, except when ``wait_turn`` is true or bytes
+        already wait in the stream: then one read is taken in this task's turn, after
+        the other tasks, and ``handle``'s answer for it is returned.
+
+        A reader passes ``wait_turn`` when its last read left writes to another
+        connection's writer task: acting on every read as it arrives would let a fast
+        publisher's reads take the loop from the writers that carry its messages on.
+        """
         stream = self._nowait
-        return stream is not None and stream.queued > 0
+        if wait_turn or (stream is not None and stream.queued > 0):
+            return handle(await self.receive_frames())
+        return await self.receive_into(handle)
 
     async def receive_into(self, handle: Handle) -> Frames | None:
         """Give ``handle`` the frames of each read, until it gives some back or the

@@ -520,12 +520,7 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
             if protocol.state is not ConnectionState.OPEN:
                 return
             try:
-                if (
-                    self._behind or connection.input_queued
-                ):  # as a node's client connections do (ServedSession._read)
-                    rest = self._received(await connection.receive_frames())
-                else:
-                    rest = await connection.receive_into(self._received)
+                rest = await connection.receive_next(self._received, wait_turn=self._behind)
             except ProtocolError:
                 raise
             except TransportError:

@@ -194,13 +194,7 @@ class ServedSession:
         protocol = self.protocol
         while protocol.state is ConnectionState.OPEN:
             try:
-                if self._behind or connection.input_queued:
-                    # The last read left writes to a writer task: read the next one in
-                    # this task's turn, after theirs, rather than as soon as it arrives
-                    # (else a fast publisher's reads take the loop from them).
-                    frames = self._received(await connection.receive_frames())
-                else:
-                    frames = await connection.receive_into(self._received)
+                frames = await connection.receive_next(self._received, wait_turn=self._behind)
             except ProtocolError:
                 raise  # a violation, even though the protocol has marked itself closed
             except TransportError as exc:
