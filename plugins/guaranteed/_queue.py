@@ -230,7 +230,7 @@ class Queue:
             flows = flows[:1]
         room = 0
         for flow in flows:
-            room += flow.window - len(flow._unacked) - len(flow._prefetched)
+            room += flow.window - len(flow._unacked) - len(flow._prefetched) - flow._fetching
         if room <= 0:
             return False
         held = self.store.stats(self.endpoint).messages - len(self._pending_acks)
@@ -406,6 +406,8 @@ class QueueFlow(Flow):
         self._unacked: dict[int, SpoolEntry] = {}  # handed to the application
         self._hungry = False  # in receive() with room: its turn counts (non-exclusive)
         self._filling = False  # a task fetches messages for receive_nowait()
+        self._fetching = 0  # the room a fetch under way has taken (receive() or the task's)
+        self._turned_away = False  # a fetch found no room because of the one under way
         self.unbound = False
 
     def __repr__(self) -> str:
@@ -428,7 +430,7 @@ class QueueFlow(Flow):
             if len(queue._pending_acks) >= _ACK_BATCH:
                 await queue.flush_acks()
             if not self._prefetched:
-                room = self.window - len(self._unacked)
+                room = self._room()
                 if queue.settings.access_type is AccessType.NON_EXCLUSIVE:
                     room = min(room, 1)  # one at a time keeps the round-robin fair
                     self._hungry = room > 0
@@ -511,7 +513,7 @@ class QueueFlow(Flow):
                 seen = queue.version
                 if len(queue._pending_acks) >= _ACK_BATCH:
                     await queue.flush_acks()
-                room = self.window - len(self._unacked)
+                room = self._room()
                 if queue.settings.access_type is AccessType.NON_EXCLUSIVE:
                     room = min(room, 1)
                     self._hungry = room > 0
@@ -527,7 +529,26 @@ class QueueFlow(Flow):
                 self._hungry = False
                 queue._wake()
 
+    def _room(self) -> int:
+        """How many more messages the window lets this flow fetch now: neither handed
+        out, nor fetched already, nor being fetched (:meth:`receive` and the task of
+        :meth:`receive_nowait` may both be under way)."""
+        room = self.window - len(self._unacked) - len(self._prefetched)
+        if self._fetching and room - self._fetching <= 0:
+            self._turned_away = True  # woken when the fetch under way ends
+        return room - self._fetching
+
     async def _prefetch(self, room: int) -> None:
+        self._fetching += room
+        try:
+            await self._fetch(room)
+        finally:
+            self._fetching -= room
+            if self._turned_away:
+                self._turned_away = False
+                self.queue._wake()
+
+    async def _fetch(self, room: int) -> None:
         queue = self.queue
         entries = await queue.take(room)
         if not entries:

@@ -126,3 +126,27 @@ async def test_a_polling_flow_takes_its_turn_beside_a_waiting_one() -> None:
                 await session.send_to_queue("q", str(i))
             mine = await poll(polling)
         assert {mine.payload, got[0].payload} == {b"0", b"1"}
+
+
+async def test_receive_and_receive_nowait_together_keep_to_the_window(
+    data_dir: Path | None,
+) -> None:
+    # receive_nowait() fetches in the background; a receive() meanwhile must not
+    # fetch a second window beside it.
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
+        service(node).create_queue("q")
+        session = node.connect()
+        for i in range(10):
+            await session.send_to_queue("q", str(i))
+        flow = await session.bind("q", window=3)
+        assert flow.receive_nowait() is None  # the background fetch starts
+        got = [await receive(flow)]
+        for _ in range(50):  # every fetch that was started has finished by then
+            await checkpoint()
+            while (message := flow.receive_nowait()) is not None:
+                got.append(message)
+        assert [m.payload for m in got] == [b"0", b"1", b"2"]
+        for message in got:
+            flow.ack(message)
+        rest = [await receive(flow) for _ in range(3)]
+        assert [m.payload for m in rest] == [b"3", b"4", b"5"]
