@@ -412,10 +412,10 @@ class MqttConnection(Subscribing, Delivering):
                 await self._control(packet)
 
     async def _read_in_callbacks(self, stream: AsyncioTcpStream, reader: PacketReader) -> None:
-        """Read as :meth:`_read` does, acting on QoS 0 publishes in the transport's
-        callback as they arrive (no task wakes for them); any other packet goes to this
-        task, with the rest of its read, in order. While input is queued (this task was
-        busy), reads wait for this task's turn, as in :meth:`_read`."""
+        """Read as :meth:`_read` does, acting on QoS 0 publishes and PUBACKs in the
+        transport's callback as they arrive (no task wakes for them); any other packet
+        goes to this task, with the rest of its read, in order. While input is queued
+        (this task was busy), reads wait for this task's turn, as in :meth:`_read`."""
         read = self.codec.read  # type: ignore[union-attr]
         clock = self.node.clock
         limit = self.keepalive * 1.5
@@ -430,8 +430,11 @@ class MqttConnection(Subscribing, Delivering):
                 packets = reader.feed(data)
                 for i, raw in enumerate(packets):
                     packet = read(raw)
-                    if type(packet) in _PUBLISHES and packet.qos == 0:
+                    kind = type(packet)
+                    if kind in _PUBLISHES and packet.qos == 0:
                         self._publish_qos0(self._topic_of(packet), packet)
+                    elif kind is PubAckPacket:
+                        self._acked(packet)
                     else:
                         later.extend(packets[i:])
                         stream.set_receiver(None)
@@ -546,14 +549,18 @@ class MqttConnection(Subscribing, Delivering):
             return codec.ack(5, packet_id, reason)
         return codec.ack(4, packet_id, reason)
 
+    def _acked(self, packet: PubAckPacket) -> None:
+        """The client's PUBACK: the message it acknowledges leaves the queue."""
+        message = self._inflight.pop(packet.packet_id, None)
+        if message is not None and self.flow is not None:
+            self.flow.ack(message)
+
     async def _control(self, packet: Any) -> None:
         kind = type(packet)
         codec = self.codec
         assert codec is not None
         if kind is PubAckPacket:
-            message = self._inflight.pop(packet.packet_id, None)
-            if message is not None and self.flow is not None:
-                self.flow.ack(message)
+            self._acked(packet)
         elif kind is PingReqPacket:
             await self._write(codec.pingresp())
         elif kind is SubscribePacket:

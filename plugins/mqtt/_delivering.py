@@ -29,7 +29,7 @@ from ._translate import v5_properties
 
 log = logging.getLogger("meshbus.mqtt")
 _PERSISTENT = DeliveryMode.PERSISTENT
-_BATCH = 64  # direct messages written in one go, at most
+_BATCH = 64  # messages written in one go, at most
 
 __all__ = ["Delivering"]
 
@@ -161,30 +161,45 @@ class Delivering(Parts):
                 self._direct_busy = False
 
     async def _deliver_queued(self, flow: Flow) -> None:
-        limit = self.client_max_packet
+        """Send the queue's messages as the flow hands them out: what it holds already
+        goes in one write with the first (up to :data:`_BATCH`), not a write each."""
         while True:
             try:
-                message = await flow.receive()
+                each: Message | None = await flow.receive()
+                out: list[bytes] = []
+                while each is not None:
+                    data = self._queued_packet(flow, each)
+                    if data is not None:
+                        out.append(data)
+                    each = flow.receive_nowait() if len(out) < _BATCH else None
             except (MeshbusError, StopAsyncIteration):
                 raise Closed(
                     "the queue's flow was closed by the node", SERVER_SHUTTING_DOWN
                 ) from None
-            if self._special and self._skip(message):
+            if out:
+                self.listener.sent += len(out)
+                await self._write(b"".join(out))
+
+    def _queued_packet(self, flow: Flow, message: Message) -> bytes | None:
+        """The PUBLISH that carries ``message`` to the client, or ``None`` when it is
+        not sent (no-local, too large); a QoS 1 one waits for its PUBACK in flight."""
+        if self._special and self._skip(message):
+            flow.ack(message)
+            return None
+        if message.delivery_mode is _PERSISTENT:
+            packet_id = self._packet_id()
+            data = self._encode(message, 1, packet_id, self._retain_flag(message))
+            limit = self.client_max_packet
+            if limit is not None and len(data) > limit:
+                self.listener.too_large += 1
                 flow.ack(message)
-                continue
-            if message.delivery_mode is _PERSISTENT:
-                packet_id = self._packet_id()
-                data = self._encode(message, 1, packet_id, self._retain_flag(message))
-                if limit is not None and len(data) > limit:
-                    self.listener.too_large += 1
-                    flow.ack(message)
-                    continue
-                self._inflight[packet_id] = message
-            else:  # a QoS 0 (or non-persistent) message matching a QoS 1 subscription
-                data = self._encode(message, 0, None, self._retain_flag(message))
-                flow.ack(message)
-            self.listener.sent += 1
-            await self._write(data)
+                return None
+            self._inflight[packet_id] = message
+            return data
+        # a QoS 0 (or non-persistent) message matching a QoS 1 subscription
+        data = self._encode(message, 0, None, self._retain_flag(message))
+        flow.ack(message)
+        return data
 
     def _packet_id(self) -> int:
         inflight = self._inflight

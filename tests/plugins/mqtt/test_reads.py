@@ -1,6 +1,7 @@
-"""Reads of an MQTT connection: QoS 0 publishes are acted on as the bytes arrive (on
-asyncio, in the transport's callback) and everything else in the connection's task,
-in the order the client wrote it; the keepalive still counts every byte heard."""
+"""Reads of an MQTT connection: QoS 0 publishes and PUBACKs are acted on as the bytes
+arrive (on asyncio, in the transport's callback) and everything else in the
+connection's task, in the order the client wrote it; the keepalive still counts every
+byte heard. And the writes of a backlog of QoS 1 messages, several to a write."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from mqtt5 import TopicFilter
 from meshbus import Node
 from meshbus.plugins.mqtt import MqttListener, MqttListenerSettings, start_mqtt_listener
 
+from ._clients import eventually
 from ._packets import CONNECT_5
 
 
@@ -104,3 +106,43 @@ async def test_qos0_publishes_keep_a_connection_alive(listener: MqttListener) ->
                     client.buffer += await client.stream.receive()
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 pass
+
+
+async def test_a_backlog_goes_out_in_order_within_the_receive_maximum(
+    listener: MqttListener,
+) -> None:
+    """QoS 1 messages waiting in a client's queue go out in order, several to a write,
+    never more of them unacknowledged than its receive maximum; PUBACKs (read in
+    callbacks) and a DISCONNECT in one write leave nothing to deliver again."""
+    connect = mqtt5.ConnectPacket(
+        "backlog", clean_start=True, session_expiry_interval=60, receive_max=3
+    ).write()
+    client = await login(listener.port, connect)
+    async with client.stream:
+        await client.stream.send(
+            mqtt5.SubscribePacket(1, [TopicFilter("q/#", max_qos=mqtt5.QoS.AT_LEAST_ONCE)]).write()
+        )
+        await client.read_until(lambda: client.packets)
+        assert type(client.packets.pop()) is mqtt5.SubAckPacket
+        sender = listener.node.connect()
+        for i in range(8):
+            await sender.send("q/x", b"%d" % i)
+        got: list[bytes] = []
+        while len(got) < 8:
+            await client.read_until(lambda: client.payloads())
+            # Anything more the node would send before the PUBACKs has had the time
+            # of a ping's round trip to come.
+            await client.stream.send(mqtt5.PingReqPacket().write())
+            await client.read_until(lambda: type(client.packets[-1]) is mqtt5.PingRespPacket)
+            batch = [p for p in client.packets if type(p) is mqtt5.PublishPacket]
+            assert 1 <= len(batch) <= 3
+            client.packets.clear()
+            got += [p.payload for p in batch]
+            acks = b"".join(mqtt5.PubAckPacket(p.packet_id).write() for p in batch)
+            if len(got) == 8:
+                acks += mqtt5.DisconnectPacket().write()
+            await client.stream.send(acks)
+        assert got == [b"%d" % i for i in range(8)]
+    queue = listener.node.guaranteed.queue("mqtt/backlog")  # type: ignore[attr-defined]
+    await eventually(lambda: queue.statistics().acked == 8)
+    assert queue.statistics().delivered == 8
