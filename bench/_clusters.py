@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import _peers
+import anyio
 from _peers import HOST, READY_TIMEOUT, Child, PeerError
 
 
@@ -219,3 +220,99 @@ def _bridge_probe(port_a: int, port_b: int) -> None:
         for client in clients:
             client.disconnect()
             client.loop_stop()
+
+
+# --- bench/dmr.py's resync, on a NATS cluster ----------------------------------------------
+
+
+async def nats_resync(work: Path, count: int, restarts: int) -> list[tuple[float, float]]:
+    """bench/dmr.py's resync on a NATS cluster: A holds ``count`` subscriptions, B is
+    started ``restarts`` + 1 times; (seconds until B's route from A carried them all,
+    seconds until B listened), from B's process start, per restart after the first."""
+    import nats
+
+    subjects = [f"resync.{i}" for i in range(count)]
+    results = []
+    first, port_a, cluster_a, _ = _nats_server(work, "a", None)
+    route = f"nats://{HOST}:{cluster_a}"
+    with first:
+        await anyio.to_thread.run_sync(_peers.wait_port, port_a, first)
+        holder = await nats.connect(f"nats://{HOST}:{port_a}", allow_reconnect=False)
+        try:
+            for subject in subjects:
+                await holder.subscribe(subject)
+            await holder.flush()
+            others = 0  # subscriptions of the route that are not the holder's ($SYS ...)
+            for attempt in range(restarts + 1):  # the first start is not counted
+                t0 = time.perf_counter()
+                second, port_b, _, monitor_b = _nats_server(work, "b", route)
+                with second:
+                    listened = await _until_listening(port_b, second) - t0
+                    with anyio.fail_after(READY_TIMEOUT):
+                        while True:
+                            if attempt:
+                                # Cheap: the count of the route's subscriptions, no list.
+                                count = await anyio.to_thread.run_sync(
+                                    _route_subscriptions, monitor_b, "a"
+                                )
+                                if count < others + len(subjects):
+                                    await anyio.sleep(0.001)
+                                    continue
+                            done = time.perf_counter() - t0
+                            carried = await anyio.to_thread.run_sync(
+                                _carried, monitor_b, "a", _is_resync
+                            )
+                            if carried == len(subjects):
+                                break
+                            await anyio.sleep(0.01)
+                    if attempt:
+                        results.append((done, listened))
+                    else:
+                        others = _route_subscriptions(monitor_b, "a") - len(subjects)
+                # leaving the block killed B (SIGTERM): a restart
+        finally:
+            await holder.close()
+    return results
+
+
+def _route_subscriptions(monitor: int, remote: str) -> int:
+    """How many subscriptions the routes from server ``remote`` carry, as the server of
+    ``monitor`` counts them (``/routez`` without the lists: cheap enough to poll)."""
+    url = f"http://{HOST}:{monitor}/routez"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            routes = json.load(answer)["routes"]
+    except OSError:
+        return -1  # not listening yet
+    return sum(int(r.get("subscriptions", 0)) for r in routes if r.get("remote_name") == remote)
+
+
+def _is_resync(subject: str) -> bool:
+    return subject.startswith("resync.")
+
+
+async def _until_listening(port: int, child: Child) -> float:
+    """When ``port`` first accepted a connection (polled every millisecond)."""
+    with anyio.fail_after(READY_TIMEOUT):
+        while True:
+            child.check_alive()
+            try:
+                stream = await anyio.connect_tcp(HOST, port)
+            except OSError:
+                await anyio.sleep(0.001)
+                continue
+            at = time.perf_counter()
+            await stream.aclose()
+            return at
+
+
+def _carried(monitor: int, remote: str, wanted: Callable[[str], bool]) -> int:
+    """Subjects for which ``wanted`` is true that the routes from server ``remote``
+    carry, as the server of ``monitor`` lists them (``/routez?subs=1``)."""
+    return sum(
+        1
+        for route in _routez(monitor)["routes"]
+        if route.get("remote_name") == remote
+        for subject in route.get("subscriptions_list") or ()
+        if wanted(subject)
+    )

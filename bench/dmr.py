@@ -78,8 +78,7 @@ import json
 import statistics
 import sys
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +86,10 @@ import _peers
 import anyio
 from _clusters import (
     Setup,
+    _carried,
     _nats_server,
     _routez,
+    nats_resync,
     nats_single,
     nothing,
     route_ready,
@@ -385,98 +386,6 @@ def meshbus_resync(work: Path, args: argparse.Namespace) -> list[dict[str, Any]]
     return reports
 
 
-async def nats_resync(work: Path, args: argparse.Namespace) -> list[tuple[float, float]]:
-    """(seconds until B's route from A carried all S subscriptions, seconds until B
-    listened), from B's process start, per restart."""
-    import nats
-
-    subjects = [f"resync.{i}" for i in range(args.subscriptions)]
-    results = []
-    first, port_a, cluster_a, _ = _nats_server(work, "a", None)
-    route = f"nats://{HOST}:{cluster_a}"
-    with first:
-        await anyio.to_thread.run_sync(_peers.wait_port, port_a, first)
-        holder = await nats.connect(f"nats://{HOST}:{port_a}", allow_reconnect=False)
-        try:
-            for subject in subjects:
-                await holder.subscribe(subject)
-            await holder.flush()
-            others = 0  # subscriptions of the route that are not the holder's ($SYS ...)
-            for attempt in range(args.restarts + 1):  # the first start is not counted
-                t0 = time.perf_counter()
-                second, port_b, _, monitor_b = _nats_server(work, "b", route)
-                with second:
-                    listened = await _until_listening(port_b, second) - t0
-                    with anyio.fail_after(READY_TIMEOUT):
-                        while True:
-                            if attempt:
-                                # Cheap: the count of the route's subscriptions, no list.
-                                count = await anyio.to_thread.run_sync(
-                                    _route_subscriptions, monitor_b, "a"
-                                )
-                                if count < others + len(subjects):
-                                    await anyio.sleep(0.001)
-                                    continue
-                            done = time.perf_counter() - t0
-                            carried = await anyio.to_thread.run_sync(
-                                _carried, monitor_b, "a", _is_resync
-                            )
-                            if carried == len(subjects):
-                                break
-                            await anyio.sleep(0.01)
-                    if attempt:
-                        results.append((done, listened))
-                    else:
-                        others = _route_subscriptions(monitor_b, "a") - len(subjects)
-                # leaving the block killed B (SIGTERM): a restart
-        finally:
-            await holder.close()
-    return results
-
-
-def _route_subscriptions(monitor: int, remote: str) -> int:
-    """How many subscriptions the routes from server ``remote`` carry, as the server of
-    ``monitor`` counts them (``/routez`` without the lists: cheap enough to poll)."""
-    url = f"http://{HOST}:{monitor}/routez"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            routes = json.load(answer)["routes"]
-    except OSError:
-        return -1  # not listening yet
-    return sum(int(r.get("subscriptions", 0)) for r in routes if r.get("remote_name") == remote)
-
-
-def _is_resync(subject: str) -> bool:
-    return subject.startswith("resync.")
-
-
-async def _until_listening(port: int, child: Child) -> float:
-    """When ``port`` first accepted a connection (polled every millisecond)."""
-    with anyio.fail_after(READY_TIMEOUT):
-        while True:
-            child.check_alive()
-            try:
-                stream = await anyio.connect_tcp(HOST, port)
-            except OSError:
-                await anyio.sleep(0.001)
-                continue
-            at = time.perf_counter()
-            await stream.aclose()
-            return at
-
-
-def _carried(monitor: int, remote: str, wanted: Callable[[str], bool]) -> int:
-    """Subjects for which ``wanted`` is true that the routes from server ``remote``
-    carry, as the server of ``monitor`` lists them (``/routez?subs=1``)."""
-    return sum(
-        1
-        for route in _routez(monitor)["routes"]
-        if route.get("remote_name") == remote
-        for subject in route.get("subscriptions_list") or ()
-        if wanted(subject)
-    )
-
-
 def resync_phase(work: Path, args: argparse.Namespace) -> None:
     nats_line = f"nats measured {NATS_RESYNC_CONTEXT} in the issue (not run here)"
     if "nats" in args.contenders:
@@ -487,7 +396,7 @@ def resync_phase(work: Path, args: argparse.Namespace) -> None:
             )
         else:
             try:
-                runs = anyio.run(nats_resync, work, args)
+                runs = anyio.run(nats_resync, work, args.subscriptions, args.restarts)
             except (PeerError, TimeoutError, OSError) as exc:
                 nats_line = f"nats: {failure(exc)}"
             else:
