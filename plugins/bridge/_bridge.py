@@ -419,6 +419,7 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
     bridge = Bridge(vpn, settings)
     hops = bridge.hops
     name = f"bridge/{settings.name}"
+    link: Link
     if settings.remotes and _to_mqtt(settings.remotes):
         from ._mqtt import open_mqtt_link
 
@@ -434,7 +435,7 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
             backoff=settings.backoff,
             clock=vpn.node.clock,
         )
-        link: Link = WireLink(
+        wire = WireLink(
             vpn,
             name,
             kind="bridge",
@@ -443,9 +444,10 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
             fail_back=settings.fail_back_interval if settings.fail_back else None,
         )
         for topic_filter in bridge.wants:
-            link.want(topic_filter)
+            wire.want(topic_filter)
         for queue in settings.queues:
-            link.pull(queue, window=settings.window)
+            wire.pull(queue, window=settings.window)
+        link = wire
     else:
         far_vpn = vpn.node.vpns.get(settings.remote_vpn)
         if far_vpn is None or far_vpn is vpn:

@@ -219,7 +219,7 @@ def _compile_template(
         merged: list[_Part] = []
         for part in parts:
             if merged and type(part) is str and type(merged[-1]) is str:
-                merged[-1] = merged[-1] + part  # type: ignore[operator]
+                merged[-1] = merged[-1] + part
             else:
                 merged.append(part)
         compiled.append(tuple(merged) or ("",))

@@ -49,7 +49,7 @@ from meshbus.abc import Flow
 from meshbus.transports import Backoff, TlsSettings
 
 from ._client_codec import ClientCodec
-from ._codec import MQTT_5, MQTT_311, MalformedPacket, PacketReader, Publish311
+from ._codec import MQTT_5, MQTT_311, AnyPublish, MalformedPacket, PacketReader, Publish311
 from ._translate import CONTENT_TYPE, publish_options
 
 __all__ = [
@@ -318,7 +318,7 @@ class MqttLink(Link):
             self._scope = scope
             while not self._stopped:
                 remote = self.remotes[self._at % len(self.remotes)]
-                self._up_since: float | None = None
+                self._up_since = None
                 try:
                     await self._serve(remote)
                 except _FAILURES as exc:
@@ -470,22 +470,21 @@ class MqttLink(Link):
                 data = await stream.receive(65536)
             for raw in reader.feed(data):
                 packet = codec.read_server(raw)
-                kind = type(packet)
-                if kind is PublishPacket or kind is Publish311:
+                if isinstance(packet, PublishPacket | Publish311):
                     await self._incoming(packet, codec)
-                elif kind is PubAckPacket:
+                elif isinstance(packet, PubAckPacket):
                     message = self._inflight.pop(packet.packet_id, None)
                     if message is not None and self._flow is not None:
                         self._flow.ack(message)
-                elif kind is PubRelPacket:
+                elif isinstance(packet, PubRelPacket):
                     self._queue_out(codec.ack(7, packet.packet_id))
-                elif kind is SubAckPacket:
+                elif isinstance(packet, SubAckPacket):
                     failed = [c for c in packet.reason_codes if int(c) >= 0x80]
                     if failed:
                         self.reason = f"the broker refused {len(failed)} subscription(s)"
                         log.warning("MQTT bridge %s: %s", self.name, self.reason)
 
-    async def _incoming(self, packet: PublishPacket, codec: ClientCodec) -> None:
+    async def _incoming(self, packet: AnyPublish, codec: ClientCodec) -> None:
         topic, payload = packet.topic, packet.payload
         qos = int(packet.qos)
         if not codec.v5 and self._echo(topic, payload):
@@ -506,7 +505,7 @@ class MqttLink(Link):
 
         return any(filter_matches(f, topic) for f in self._wants)
 
-    def _message(self, packet: PublishPacket, codec: ClientCodec) -> Message:
+    def _message(self, packet: AnyPublish, codec: ClientCodec) -> Message:
         hops = 0
         options: dict[str, Any] = {}
         if codec.v5:

@@ -10,7 +10,6 @@ import mqtt5
 from mqtt5 import (
     ConnAckPacket,
     ConnAckReasonCode,
-    Packet,
     PingRespPacket,
     QoS,
     SubAckPacket,
@@ -23,6 +22,7 @@ from ._codec import (
     MQTT_5,
     Codec,
     MalformedPacket,
+    ReadPacket,
     _Cursor,
     _length,
     _read5,
@@ -106,7 +106,7 @@ class ClientCodec(Codec):
         """DISCONNECT, normal."""
         return b"\xe0\x00"
 
-    def read_server(self, data: bytes) -> Packet:
+    def read_server(self, data: bytes) -> ReadPacket:
         """A packet from the broker, as the packet classes; :class:`MalformedPacket`."""
         if self.level == MQTT_5:
             return _read5(data)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import mqtt5
 from mqtt5 import (
@@ -402,14 +402,20 @@ class Publish311:
         return f"Publish311({self.topic!r}, {self.payload!r}, qos={self.qos})"
 
 
-def _read311(data: bytes) -> Packet:
+#: A publish as the codec reads it: the packet class's, or the 3.1.1 reader's own.
+AnyPublish: TypeAlias = PublishPacket | Publish311
+#: Any packet as the codec reads it.
+ReadPacket: TypeAlias = Packet | Publish311
+
+
+def _read311(data: bytes) -> ReadPacket:
     try:
         return _decode311(data)
     except ValueError as exc:  # the packet classes refuse, say, a misplaced wildcard
         raise MalformedPacket(str(exc) or "invalid packet") from None
 
 
-def _decode311(data: bytes) -> Packet:
+def _decode311(data: bytes) -> ReadPacket:
     first = data[0]
     kind = first >> 4
     if kind == _PUBLISH:
@@ -490,7 +496,8 @@ def _publish311(data: bytes, first: int) -> Publish311:
 
 
 _FLAGS = {1: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 10: 2, 12: 0, 14: 0}
-_ACKS: dict[int, Any] = {4: PubAckPacket, 5: PubRecPacket, 6: PubRelPacket, 7: PubCompPacket}
+_Ack: TypeAlias = PubAckPacket | PubRecPacket | PubRelPacket | PubCompPacket
+_ACKS: dict[int, type[_Ack]] = {4: PubAckPacket, 5: PubRecPacket, 6: PubRelPacket, 7: PubCompPacket}
 
 
 def read_connect(data: bytes) -> tuple[int, ConnectPacket]:
@@ -548,7 +555,7 @@ class Codec:
         #: ``read(packet) -> Packet``: one whole packet (from a :class:`PacketReader`)
         #: decoded into the ``mqtt5`` package's packet classes, whatever the level;
         #: :class:`MalformedPacket` for anything that is not a valid client packet.
-        self.read = _read5 if self.v5 else _read311
+        self.read: Callable[[bytes], ReadPacket] = _read5 if self.v5 else _read311
         #: ``publish(topic, payload, qos, packet_id, retain, duplicate, properties)``:
         #: the PUBLISH bytes (``properties`` are MQTT 5's, ignored on 3.1.1).
         self.publish: Callable[..., bytes] = _publish5 if self.v5 else _publish311_bytes

@@ -54,7 +54,15 @@ from meshbus import (
 from meshbus.abc import Flow
 from meshbus.transports import AsyncioTcpStream
 
-from ._codec import MQTT_5, Codec, MalformedPacket, PacketReader, Publish311, read_connect
+from ._codec import (
+    MQTT_5,
+    AnyPublish,
+    Codec,
+    MalformedPacket,
+    PacketReader,
+    Publish311,
+    read_connect,
+)
 from ._delivering import Delivering
 from ._reasons import (
     BAD_AUTH_METHOD,
@@ -125,7 +133,7 @@ class MqttConnection(Subscribing, Delivering):
         self._write_lock = anyio.Lock()
         self._aliases: dict[int, str] = {}
         self._qos2: set[int] = set()  # QoS 2 packet ids received, until their PUBREL
-        self._waiting: list[tuple[str, PublishPacket]] = []  # QoS 1/2 publishes to commit
+        self._waiting: list[tuple[str, AnyPublish]] = []  # QoS 1/2 publishes to commit
         self._work = anyio.Event()
         self._room = anyio.Event()
         self._commit_lock = anyio.Lock()
@@ -406,7 +414,7 @@ class MqttConnection(Subscribing, Delivering):
         read = self.codec.read  # type: ignore[union-attr]
         for raw in packets:
             packet = read(raw)
-            if type(packet) in _PUBLISHES:
+            if isinstance(packet, _PUBLISHES):
                 await self._publish(packet)
             else:
                 await self._control(packet)
@@ -430,10 +438,9 @@ class MqttConnection(Subscribing, Delivering):
                 packets = reader.feed(data)
                 for i, raw in enumerate(packets):
                     packet = read(raw)
-                    kind = type(packet)
-                    if kind in _PUBLISHES and packet.qos == 0:
+                    if isinstance(packet, _PUBLISHES) and packet.qos == 0:
                         self._publish_qos0(self._topic_of(packet), packet)
-                    elif kind is PubAckPacket:
+                    elif isinstance(packet, PubAckPacket):
                         self._acked(packet)
                     else:
                         later.extend(packets[i:])
@@ -466,7 +473,7 @@ class MqttConnection(Subscribing, Delivering):
             finally:
                 stream.set_receiver(None)
 
-    def _plain(self, packet: PublishPacket) -> bool:
+    def _plain(self, packet: AnyPublish) -> bool:
         """Whether a QoS 1 publish can share a store commit with others: no retain,
         no topic alias and, on MQTT 5, no properties (those go one by one)."""
         if packet.retain or packet.topic_alias is not None or not packet.topic:
@@ -513,7 +520,7 @@ class MqttConnection(Subscribing, Delivering):
                 i += 1
         await self._write(b"".join(acks))
 
-    async def _send_batch(self, batch: list[tuple[str, PublishPacket]]) -> list[bytes]:
+    async def _send_batch(self, batch: list[tuple[str, AnyPublish]]) -> list[bytes]:
         """Plain QoS 1 publishes: one store commit, then a PUBACK each (with its own
         reason when one was refused)."""
         session = self.session
@@ -533,7 +540,7 @@ class MqttConnection(Subscribing, Delivering):
             acks.append(codec.ack(4, packet.packet_id or 0, reason))
         return acks
 
-    async def _send_one(self, topic: str, packet: PublishPacket) -> bytes:
+    async def _send_one(self, topic: str, packet: AnyPublish) -> bytes:
         codec = self.codec
         session = self.session
         assert codec is not None
@@ -592,7 +599,7 @@ class MqttConnection(Subscribing, Delivering):
             # AUTH (enhanced authentication) is not offered: CONNACK said no method.
             raise MalformedPacket(f"{kind.__name__} is not supported", PROTOCOL_ERROR)
 
-    async def _publish(self, packet: PublishPacket) -> None:
+    async def _publish(self, packet: AnyPublish) -> None:
         topic = self._topic_of(packet)
         qos = packet.qos
         if qos == 0:
@@ -606,7 +613,7 @@ class MqttConnection(Subscribing, Delivering):
             self._room = anyio.Event()
             await self._room.wait()  # the client sends more than it may: it waits
 
-    def _topic_of(self, packet: PublishPacket) -> str:
+    def _topic_of(self, packet: AnyPublish) -> str:
         """The topic a PUBLISH is for (its alias resolved), checked; counts it."""
         topic = packet.topic
         alias = packet.topic_alias
@@ -625,7 +632,7 @@ class MqttConnection(Subscribing, Delivering):
         self.listener.received += 1
         return topic
 
-    def _publish_qos0(self, topic: str, packet: PublishPacket) -> None:
+    def _publish_qos0(self, topic: str, packet: AnyPublish) -> None:
         codec = self.codec
         session = self.session
         assert codec is not None
@@ -640,7 +647,7 @@ class MqttConnection(Subscribing, Delivering):
             log.info("MQTT client %r: QoS 0 publish dropped: %s", self.client_id, exc)
 
     async def _send(
-        self, session: Session, topic: str, packet: PublishPacket, options: dict[str, Any]
+        self, session: Session, topic: str, packet: AnyPublish, options: dict[str, Any]
     ) -> int:
         """Publish a QoS 1/2 message as a persistent guaranteed one; its reason code."""
         try:

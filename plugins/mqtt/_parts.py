@@ -7,7 +7,7 @@ names what the connection holds, so each half type-checks on its own.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -46,4 +46,6 @@ class Parts:
     _direct_busy: bool
     # The connection's own methods the halves call (declared, not defined, here).
     _write: Callable[[bytes], Awaitable[None]]
-    _guarded: Callable[..., Awaitable[None]]
+    _guarded: Callable[..., Coroutine[Any, Any, None]]
+    _bind: Callable[[anyio.abc.TaskGroup], Awaitable[None]]
+    _encode: Callable[[Message, int, int | None, bool], bytes]

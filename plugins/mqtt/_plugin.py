@@ -30,7 +30,8 @@ __all__ = ["SECTION", "listeners_of"]
 
 def listeners_of(node: Node) -> list[MqttListener]:
     """The MQTT listeners the node runs."""
-    return list(node.stash.get(LISTENERS, []))
+    listeners: list[MqttListener] = node.stash.get(LISTENERS, [])
+    return list(listeners)
 
 
 @hookimpl
@@ -49,7 +50,8 @@ async def _running(node: Node) -> AsyncIterator[None]:
         yield
     finally:
         with anyio.CancelScope(shield=True):
-            for listener in reversed(node.stash.get(LISTENERS, [])):
+            listeners: list[MqttListener] = node.stash.get(LISTENERS, [])
+            for listener in reversed(listeners):
                 await listener.aclose()
             node.stash[LISTENERS] = []
             await node.stash[REGISTRY].close()

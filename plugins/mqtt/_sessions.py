@@ -100,7 +100,7 @@ class SessionRegistry:
         queue, session.queue = session.queue, None
         if queue is not None:
             try:
-                await self.node.guaranteed.delete_queue(queue, vpn=session.vpn)  # type: ignore[attr-defined]
+                await self.node.guaranteed.delete_queue(queue, vpn=session.vpn)
             except StateError:  # gone already: its VPN was removed, or the node stops
                 pass
             except (MeshbusError, KeyError) as exc:
