@@ -35,7 +35,7 @@ matches one of ``shown_to`` (configure the node before sessions open).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -78,6 +78,12 @@ def _patterns(instance: object, attribute: attrs.Attribute[Any], value: tuple[st
             raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
 
 
+def _shown_to(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ValueError(f"shown_to must be a list of patterns, got {value!r}")
+    return tuple(value)
+
+
 @attrs.frozen
 class HopCountSettings:
     """How bridges count hops (SPEC 9)."""
@@ -90,7 +96,7 @@ class HopCountSettings:
     """Deliver messages to the node's client sessions with a hop count of 0, direct ones
     and those of the flows they bind (a node-wide setting; links see the real count).
     Such a session's deliveries then go through one more step."""
-    shown_to: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_patterns)
+    shown_to: tuple[str, ...] = attrs.field(default=(), converter=_shown_to, validator=_patterns)
     """Regular expressions of client names that still see the hop count when it is
     hidden (matched against the whole name)."""
 

@@ -20,7 +20,7 @@ bridge's ``hop_count_limit``) and de-duplicates by origin unless told not to.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -50,7 +50,7 @@ from meshbus.transports import (
 )
 
 from ._local_pull import pull_local
-from ._mapping import NO_MATCH, Mapped, TopicMapper, TopicMapping, directions
+from ._mapping import NO_MATCH, Mapped, TopicMapper, TopicMapping, directions, listed
 
 __all__ = ["CARRIES", "Bridge", "BridgeSettings", "bridges", "open_bridge", "partner_of", "totals"]
 
@@ -60,6 +60,28 @@ log = logging.getLogger("meshbus.bridge")
 def _name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, str) or not value or "/" in value:
         raise ValueError(f"a bridge needs a name without '/', got {value!r}")
+
+
+def _remotes(value: Iterable[Any]) -> tuple[Any, ...]:
+    return listed(value, "remotes")
+
+
+def _filters(value: Iterable[str]) -> tuple[str, ...]:
+    return listed(value, "subscriptions")
+
+
+def _queues(value: Iterable[str]) -> tuple[str, ...]:
+    return listed(value, "queues")
+
+
+def _mappings(value: Iterable[TopicMapping]) -> tuple[TopicMapping, ...]:
+    return listed(value, "topics")
+
+
+def _variables(value: Mapping[str, str]) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"variables must be a mapping of names to values, got {value!r}")
+    return dict(value)
 
 
 def _hop_limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -89,7 +111,7 @@ class BridgeSettings:
     """Unique among the VPN's bridges; also ``${bridge.name}`` in mappings."""
     remote_vpn: str = "default"
     """The VPN at the other end."""
-    remotes: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
+    remotes: tuple[Any, ...] = attrs.field(default=(), converter=_remotes)
     """Where the remote node is, tried in connect order: URLs (``tcp://host:port``,
     ``tls://...``) or connectables (a :class:`~meshbus.transports.MemoryNetwork`'s),
     each alone or in a :class:`~meshbus.transports.Remote` with a username, password,
@@ -104,18 +126,18 @@ class BridgeSettings:
     compression: bool | str = attrs.field(default=False, validator=_check_compression)
     """Compress the connection: ``True`` (the best algorithm both ends have), or the
     name of one (``"lz4"``, ``"zlib"``)."""
-    subscriptions: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    subscriptions: tuple[str, ...] = attrs.field(default=(), converter=_filters)
     """Filters asked of the remote VPN whose messages cross under their own topics."""
-    queues: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    queues: tuple[str, ...] = attrs.field(default=(), converter=_queues)
     """Queues of the remote VPN to bind a flow to: each message they deliver is spooled
     to every matching local endpoint in one commit before it is acknowledged there;
     one an endpoint refuses is tried again every second and holds up only its flow.
     Without ``remotes``, the queues of the other VPN of this node."""
     window: int = attrs.field(default=255, validator=_window)
     """Messages each of those flows may have unacknowledged."""
-    topics: tuple[TopicMapping, ...] = attrs.field(default=(), converter=tuple)
+    topics: tuple[TopicMapping, ...] = attrs.field(default=(), converter=_mappings)
     """Topic mappings, both directions (each says its ``mode``)."""
-    variables: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    variables: Mapping[str, str] = attrs.field(factory=dict, converter=_variables)
     """Values for ``${name}`` in destination templates (``bridge.name`` is given)."""
     loop_prevention: bool = True
     """Count hops and drop a message above ``hop_count_limit`` (SPEC 9)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -56,6 +56,18 @@ Mode = Literal["PUB", "SUB"]
 _DEFAULT_LIMITS = TopicLimits()
 
 
+def listed(value: Iterable[Any], what: str) -> tuple[Any, ...]:
+    """``value`` as a tuple; a string (which would become one entry per character) or
+    a non-iterable is refused, naming ``what``."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ValueError(f"{what} must be a list, got {value!r}")
+    return tuple(value)
+
+
+def _excludes(value: Iterable[str]) -> tuple[str, ...]:
+    return listed(value, "excludes")
+
+
 @attrs.frozen
 class TopicMapping:
     """One rule of a bridge's topic mapping (SPEC 7)."""
@@ -64,7 +76,7 @@ class TopicMapping:
     """The topics the rule takes (a meshbus filter: ``*``, ``ab*``, ``>``)."""
     mode: Mode = "SUB"
     """``"SUB"``: from the remote VPN to this one; ``"PUB"``: from this VPN to the remote."""
-    excludes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    excludes: tuple[str, ...] = attrs.field(default=(), converter=_excludes)
     """Plain filters: topics they match do not cross (counted as ``excluded``)."""
     destination: str | None = None
     """The template of the topic on the other side; ``None`` keeps the topic."""

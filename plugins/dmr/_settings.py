@@ -70,6 +70,12 @@ def _peers(value: object) -> tuple[Peer, ...]:
     return tuple(peers)
 
 
+def _vpns(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ValueError(f"vpns must be a list of VPN names, got {value!r}")
+    return tuple(value)
+
+
 @attrs.frozen
 class DmrSettings:
     """A node's place in the mesh: its neighbours and how its links behave.
@@ -82,7 +88,7 @@ class DmrSettings:
 
     peers: tuple[Peer, ...] = attrs.field(default=(), converter=_peers)
     """The neighbours this node links to (none: a cluster of one node, so far)."""
-    vpns: tuple[str, ...] = attrs.field(default=("default",), converter=tuple)
+    vpns: tuple[str, ...] = attrs.field(default=("default",), converter=_vpns)
     """The VPNs that route across the mesh (each links to the same VPN on its peers)."""
     username: str = "default"
     """The client username this node logs in to its peers as (its client profile must

@@ -237,3 +237,8 @@ async def test_the_hop_count_is_hidden_on_flows_too(mesh: Mesh) -> None:
     shown.ack(second)
     await mesh.clock.settle()
     assert b.guaranteed.queue("in").usage()[0] == 0
+
+
+def test_a_string_where_a_list_of_patterns_belongs_is_refused() -> None:
+    with pytest.raises(ValueError, match="shown_to must be a list"):
+        HopCountSettings(shown_to="monitor-.*")

@@ -681,3 +681,25 @@ async def test_a_bridge_compresses_with_the_algorithm_it_names(
     logins = [r.getMessage() for r in caplog.records if r.getMessage().startswith("link from")]
     expected = "zlib" if algorithm == "zlib" else ALGORITHMS[0]
     assert any(line.endswith(f"({expected})") for line in logins), logins
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("remotes", "tcp://office:55555"),
+        ("subscriptions", "orders/>"),
+        ("queues", "Q"),
+        ("topics", "orders/>"),
+    ],
+)
+def test_a_string_where_a_list_belongs_is_refused(field: str, text: str) -> None:
+    # tuple("orders/>") would have made eight one-character subscriptions.
+    with pytest.raises(ValueError, match=f"{field} must be a list"):
+        BridgeSettings("b", **{field: text})  # type: ignore[arg-type]
+
+
+def test_variables_that_are_not_a_mapping_and_a_string_of_excludes_are_refused() -> None:
+    with pytest.raises(ValueError, match="variables must be a mapping"):
+        BridgeSettings("b", variables=[("site", "7")])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="excludes must be a list"):
+        TopicMapping("a/>", excludes="a/b")

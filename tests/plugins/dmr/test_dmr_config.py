@@ -107,3 +107,8 @@ def test_compression_may_name_an_algorithm(tmp_path: Path) -> None:
     (problem,) = problems(tmp_path, GOOD + 'compression = "lz5"\n')
     assert "dmr.compression" in problem
     assert "got 'lz5'" in problem
+
+
+def test_a_string_where_a_list_of_vpns_belongs_is_refused() -> None:
+    with pytest.raises(ValueError, match="vpns must be a list"):
+        DmrSettings(vpns="default")
