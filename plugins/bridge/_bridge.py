@@ -62,8 +62,9 @@ def _name(instance: object, attribute: attrs.Attribute[Any], value: object) -> N
         raise ValueError(f"a bridge needs a name without '/', got {value!r}")
 
 
-def _remotes(value: Iterable[Any]) -> tuple[Any, ...]:
-    return listed(value, "remotes")
+def _remotes(value: Iterable[Any] | str) -> tuple[Any, ...]:
+    # One URL alone is one remote, as ConnectSettings takes it.
+    return (value,) if isinstance(value, str) else listed(value, "remotes")
 
 
 def _filters(value: Iterable[str]) -> tuple[str, ...]:
@@ -115,8 +116,8 @@ class BridgeSettings:
     """Where the remote node is, tried in connect order: URLs (``tcp://host:port``,
     ``tls://...``) or connectables (a :class:`~meshbus.transports.MemoryNetwork`'s),
     each alone or in a :class:`~meshbus.transports.Remote` with a username, password,
-    TLS settings and compression of its own; none: ``remote_vpn`` is a VPN of this
-    node, joined in-process."""
+    TLS settings and compression of its own (one URL may be given alone); none:
+    ``remote_vpn`` is a VPN of this node, joined in-process."""
     username: str | None = None
     """Who the bridge logs in as (its client profile must allow bridge connections)."""
     password: str | None = attrs.field(default=None, repr=False)

@@ -686,7 +686,6 @@ async def test_a_bridge_compresses_with_the_algorithm_it_names(
 @pytest.mark.parametrize(
     ("field", "text"),
     [
-        ("remotes", "tcp://office:55555"),
         ("subscriptions", "orders/>"),
         ("queues", "Q"),
         ("topics", "orders/>"),
@@ -696,6 +695,10 @@ def test_a_string_where_a_list_belongs_is_refused(field: str, text: str) -> None
     # tuple("orders/>") would have made eight one-character subscriptions.
     with pytest.raises(ValueError, match=f"{field} must be a list"):
         BridgeSettings("b", **{field: text})  # type: ignore[arg-type]
+
+
+def test_one_url_alone_is_one_remote() -> None:
+    assert BridgeSettings("b", remotes="tcp://office:55555").remotes == ("tcp://office:55555",)
 
 
 def test_variables_that_are_not_a_mapping_and_a_string_of_excludes_are_refused() -> None:
