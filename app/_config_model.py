@@ -196,7 +196,7 @@ class NodeConfig:
         :raises ConfigurationError: listing every problem.
         :raises StateError: the node is not running.
         """
-        steps = [
+        steps: list[tuple[Any, Any, Any, str]] = [
             (section, value, node.vpn(config.name), _join("vpns", config.name))
             for config in self.vpns
             for section, value in config.sections

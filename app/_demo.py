@@ -9,6 +9,7 @@ import importlib.util
 import shutil
 import tempfile
 from collections import Counter
+from typing import Any
 
 import anyio
 import attrs
@@ -334,7 +335,8 @@ async def mesh_demo() -> None:
             f"  cloud dashboard got {reading.topic} = {reading.payload.decode()}"
             f" from {reading.sender!r} on node {origin!r}, headers {reading.headers}"
         )
-        left = plant.guaranteed.queue("to-cloud").usage()[0]
+        service: Any = plant.guaranteed  # the guaranteed plugin's service
+        left = service.queue("to-cloud").usage()[0]
         print(f"  cloud spooled order {order.payload.decode()!r}; plant's queue now holds {left}")
         print(f"  link statistics: {link.statistics()}")
 
@@ -377,8 +379,8 @@ async def mesh_demo() -> None:
         counts = {r.client_name: 1 + len(list(iter(r.receive_nowait, None))) for r in readers}
         dropped: Counter[str] = Counter()
         for node in nodes:
-            for each in node.vpn().links:
-                dropped.update(each.statistics().dropped)
+            for joined in node.vpn().links:
+                dropped.update(joined.statistics().dropped)
         print(f"  6 links in sync; copies each reader got: {counts}")
         print(
             "  copies a loop would have brought, dropped at their second hop: "
@@ -477,10 +479,11 @@ async def bridge_demo() -> None:
             f"  hq board got {alarm.topic} = {alarm.payload.decode()}; plant robot got "
             f"{command.topic} = {command.payload.decode()}"
         )
+        hq_service: Any = hq.guaranteed  # the guaranteed plugin's service
         print(
             f"  plant crew got {work.topic} = {work.payload.decode()!r} from hq's queue "
             f"(hop count {work.hop_count}); hq's queue holds "
-            f"{hq.guaranteed.queue('to-plant').usage()[0]}"
+            f"{hq_service.queue('to-plant').usage()[0]}"
         )
 
 
@@ -492,7 +495,7 @@ async def routing_demo() -> None:
     network = MemoryNetwork()
     clusters = {"eu-1": "eu", "eu-2": "eu", "us-1": "us"}
     nodes = {name: Node(name=name, cluster=cluster) for name, cluster in clusters.items()}
-    peers = {  # eu-2 and us-1 are their clusters' gateways
+    peers: dict[str, list[tuple[str, str | None]]] = {  # eu-2, us-1: the gateways
         "eu-1": [("eu-2", None)],
         "eu-2": [("eu-1", None), ("us-1", "us")],
         "us-1": [("eu-2", "eu")],

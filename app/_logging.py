@@ -95,6 +95,6 @@ def configure_logging(level: str = "info", fmt: str = "text", file: str | None =
         if getattr(old, "_meshbus_run", False):
             root.removeHandler(old)
             old.close()
-    handler._meshbus_run = True  # type: ignore[attr-defined]
+    handler._meshbus_run = True  # type: ignore[union-attr]
     root.addHandler(handler)
     root.setLevel(number)

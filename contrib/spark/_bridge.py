@@ -322,7 +322,9 @@ class SparkBridge(Pipelines):
         from ._listener import CommitListener
         from ._source import MeshbusDataSource
 
-        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+        jvm = spark._jvm
+        assert jvm is not None  # a session on the driver has its JVM
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
         if any(known._jsparkSession == spark._jsparkSession for known, _ in self._listeners):
             return
         spark.dataSource.register(MeshbusDataSource)
@@ -434,7 +436,7 @@ class SparkBridge(Pipelines):
         endpoint = f"{self.vpn}/{spec.queue}"  # how the guaranteed plugin names it
         with self._task_scope():
             # Looked up again after each wake: the hook also reports a deletion.
-            while self._node.guaranteed.find_queue(self.vpn, spec.queue) is None:
+            while self._service().find_queue(self.vpn, spec.queue) is None:
                 await self._awaited.setdefault(endpoint, anyio.Event()).wait()
             await self._open(spec)
 
@@ -476,10 +478,15 @@ class SparkBridge(Pipelines):
                 return
             time.sleep(0.005)
 
+    def _service(self) -> Any:
+        """The node's guaranteed service (the plugin's, with its queue lookups)."""
+        assert self._node is not None
+        return self._node.guaranteed
+
     def _queue_depth(self, stream: Stream) -> int:
         assert self._node is not None
         assert stream.spec.queue is not None
-        queue = self._node.guaranteed.find_queue(self.vpn, stream.spec.queue)
+        queue = self._service().find_queue(self.vpn, stream.spec.queue)
         return 0 if queue is None else int(queue.usage()[0])
 
     def publish_rows(

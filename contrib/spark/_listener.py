@@ -13,7 +13,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import StreamingQueryListener
 
 if TYPE_CHECKING:
     from ._bridge import SparkBridge

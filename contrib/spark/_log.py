@@ -230,7 +230,7 @@ class StreamLog:
             if self.served or offset <= self._base:
                 return
             shift = offset - self._base
-            segments = deque()
+            segments: deque[tuple[int, Any]] = deque()
             for start, batch in self._segments:
                 numbers = pa.array(range(start + shift, start + shift + batch.num_rows), pa.int64())
                 segments.append((start + shift, batch.set_column(4, "offset", numbers)))
@@ -256,7 +256,7 @@ class StreamLog:
         """
         end = self.seal()
         at_time = isinstance(starting, str) and starting.startswith("@")
-        start = self.offset_at_time(int(starting[1:])) if at_time else None
+        start = self.offset_at_time(int(str(starting)[1:])) if at_time else None
         with self._lock:
             self.served = True
             base = self._base

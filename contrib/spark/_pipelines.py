@@ -14,7 +14,8 @@ from ._options import sink_id_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 __all__ = ["Pipelines"]
 
@@ -34,8 +35,11 @@ class Pipelines:
     """Mixed into :class:`SparkBridge`; every method needs the node running."""
 
     # Provided by SparkBridge, the only class this is mixed into.
-    connect_options: dict[str, str]
     attach: Callable[[SparkSession], None]
+
+    @property
+    def connect_options(self) -> dict[str, str]:
+        raise NotImplementedError  # SparkBridge's
 
     def read_stream(
         self,

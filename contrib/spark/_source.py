@@ -395,10 +395,10 @@ class MeshbusWriter(_Writing, DataSourceArrowWriter):
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self._publish(messages, None, None)
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._discard(messages)
 
 
@@ -413,8 +413,8 @@ class MeshbusStreamWriter(_Writing, DataSourceStreamArrowWriter):
             sink_id = sink_id_for(options.checkpoint_location)
         self.sink_id = sink_id
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._publish(messages, batchId, self.sink_id)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._discard(messages)
