@@ -24,7 +24,8 @@ What is measured (targets from the issue):
     ``start_dmr`` listing the two others as peers (a full mesh). A run starts once
     every node has both neighbours' interest (all links in sync) and node n1 has
     learned the subscriber's (or responder's) filter from n2. Against it: one node
-    process of the same kind, without routing.
+    process of the same kind, without routing. Each node, once started, tunes its
+    garbage collector as ``meshbus run`` does (``tune_collector``).
   - NATS: three nats-server processes in one cluster (the second and third solicit a
     route to the first; the routes gossip to a full mesh), vs one nats-server. A run
     starts once the first server's ``/routez?subs=1`` lists the far subscription.
@@ -109,6 +110,7 @@ from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError
 from transport import RoundTrips, failure, say
 
 from meshbus import Node
+from meshbus.app._collector import tune_collector
 from meshbus.plugins.dmr import Dmr, DmrSettings, Peer, start_dmr
 from meshbus.transports import ListenerSettings, start_server
 from meshbus.transports.testing import allow_bridges
@@ -615,10 +617,12 @@ async def node_role(a: argparse.Namespace) -> None:
                 holder.subscribe(f"{RESYNC_PREFIX}{i}")
         say(f"listening on {url_of(server.port)}")
         if not a.peer:
+            tune_collector()  # as `meshbus run` does once started
             await anyio.sleep_forever()  # until the orchestrator terminates it
         peers = [Peer(*spec.split("=", 1)) for spec in a.peer]
         dmr = await start_dmr(node, DmrSettings(peers))
         elapsed = time.perf_counter() - t0
+        tune_collector()  # as `meshbus run` does once started (after the resync timed)
         names = [p.name for p in peers]
         report = {
             "elapsed": elapsed,

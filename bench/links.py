@@ -39,7 +39,8 @@ What is measured:
     ``tcp://127.0.0.1:PORT``; one link carries both directions: B wants
     ``bench/>`` from A, and A asks B for ``bench/>`` over the link it accepted, as a
     mosquitto ``both`` bridge does. The single broker is a third node process of the
-    same kind, without links.
+    same kind, without links. Each node, once started, tunes its garbage collector as
+    ``meshbus run`` does (``tune_collector``).
   - NATS: two nats-server processes clustered with routes (the default pool), vs
     one nats-server.
   - mosquitto: two brokers, the first with a ``connection`` bridge section
@@ -109,6 +110,7 @@ from transport import (
 )
 
 from meshbus import ClientProfile, Link, LinkState, LocalLink, Node, Vpn
+from meshbus.app._collector import tune_collector
 from meshbus.transports import (
     ConnectSettings,
     ListenerSettings,
@@ -477,6 +479,7 @@ async def node_role(name: str, link_to: str | None, want_back: bool) -> None:
         elif want_back:
             await ask_back(node.vpn())
             say("LINKED")
+        tune_collector()  # as `meshbus run` does once started
         await anyio.sleep_forever()  # until the orchestrator terminates it
 
 
