@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Answers", "ServedFlows"]
 
+_FEED_BATCH = 256  # a flow's messages written in one go, at most
+
 log = logging.getLogger("meshbus.transports")
 
 K = FrameKind
@@ -147,15 +149,29 @@ class ServedFlows:
                 feeder.scope = None
             if scope.cancelled_caught:
                 return
-            message_id = message.message_id
-            assert message_id is not None
-            sent = message if self.outgoing is None else self.outgoing(message)
-            if sent is None:
-                flow.ack(message)  # stopped on the way out (counted there): settled
-                continue
-            unacked[message_id] = message
+            # What the flow holds already goes in the same write (at most a window).
             now = self.connection.clock.time()
-            protocol.send_raw(encode_flow_deliver(number, message_id, sent, now))
+            outgoing = self.outgoing
+            taken = 0
+            while True:
+                taken += 1
+                message_id = message.message_id
+                assert message_id is not None
+                sent = message if outgoing is None else outgoing(message)
+                if sent is None:
+                    flow.ack(message)  # stopped on the way out (counted there): settled
+                else:
+                    unacked[message_id] = message
+                    protocol.send_raw(encode_flow_deliver(number, message_id, sent, now))
+                if taken == _FEED_BATCH:
+                    break
+                try:
+                    more = flow.receive_nowait()
+                except StateError:
+                    break  # unbound meanwhile: the next receive() says so
+                if more is None:
+                    break
+                message = more
             await self.connection.flush()
 
     async def unbind(self, event: ev.Unbind) -> None:

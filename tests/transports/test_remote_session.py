@@ -31,9 +31,12 @@ from meshbus.transports import (
     RemoteFlow,
     RemoteSession,
     Server,
+    _answering,
     connect,
     start_server,
 )
+from meshbus.transports._connection import Connection
+from meshbus.transports._protocol import Role
 
 from .conftest import run_isolated, wait_until
 
@@ -720,6 +723,50 @@ async def test_send_queue_bind_receive_ack(node: Node, server: Server) -> None:
         await wait_until(lambda: svc.store.stats("default/orders").messages == 0)
         with pytest.raises(StateError):
             await flow.receive()
+
+
+async def test_a_flow_s_backlog_goes_out_in_a_write_not_one_each(
+    node: Node, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a bound flow holds already is written together with the message its
+    feeder waited for, within the window, in order."""
+    svc = service(node)
+    svc.create_queue("orders", subscriptions=["orders/>"])
+    async with connect(server.url) as producer:
+        await producer.send_many([(f"orders/{i}", b"%d" % i) for i in range(10)])
+    flushes = []
+    flush = Connection.flush
+
+    async def counted(self: Connection) -> None:
+        if self.protocol.role is Role.SERVER:
+            flushes.append(self)
+        await flush(self)
+
+    monkeypatch.setattr(Connection, "flush", counted)
+    async with connect(server.url) as consumer:
+        flow = await consumer.bind("orders", window=6)
+        got = [await receive(flow) for _ in range(6)]
+        await nothing_for(flow)  # the window is full
+        writes = len(flushes)  # the BIND's answer, then the deliveries
+        assert writes <= 3, writes
+        for message in got:
+            flow.ack(message)
+        got += [await receive(flow) for _ in range(4)]
+        assert [m.payload for m in got] == [b"%d" % i for i in range(10)]
+
+
+async def test_a_backlog_longer_than_one_write_arrives_whole(
+    node: Node, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_answering, "_FEED_BATCH", 4)  # many writes of at most 4
+    svc = service(node)
+    svc.create_queue("orders", subscriptions=["orders/>"])
+    async with connect(server.url) as producer:
+        await producer.send_many([(f"orders/{i}", b"%d" % i) for i in range(600)])
+    async with connect(server.url) as consumer:
+        flow = await consumer.bind("orders", window=600)
+        got = [await receive(flow) for _ in range(600)]
+        assert [m.payload for m in got] == [b"%d" % i for i in range(600)]
 
 
 async def test_flow_ack_refuses_an_unknown_or_acked_message(node: Node, server: Server) -> None:
