@@ -37,9 +37,10 @@ class Pipelines:
     # Provided by SparkBridge, the only class this is mixed into.
     attach: Callable[[SparkSession], None]
 
-    @property
-    def connect_options(self) -> dict[str, str]:
-        raise NotImplementedError  # SparkBridge's
+    if TYPE_CHECKING:  # SparkBridge's property, declared for the type checker only
+
+        @property
+        def connect_options(self) -> dict[str, str]: ...
 
     def read_stream(
         self,
