@@ -540,19 +540,25 @@ class QueueFlow(Flow):
 
     async def _prefetch(self, room: int) -> None:
         self._fetching += room
+        fetched = 0
         try:
-            await self._fetch(room)
+            fetched = await self._fetch(room)
         finally:
             self._fetching -= room
-            if self._turned_away:
+            # A fetch turned away meanwhile looks again only if this one found something
+            # (it waits for the queue otherwise): two fetchers of an empty queue that
+            # woke each other would take turns for ever.
+            if self._turned_away and fetched:
                 self._turned_away = False
                 self.queue._wake()
 
-    async def _fetch(self, room: int) -> None:
+    async def _fetch(self, room: int) -> int:
+        """Take up to ``room`` messages, mark them delivered, keep them for handing
+        out; how many were kept."""
         queue = self.queue
         entries = await queue.take(room)
         if not entries:
-            return
+            return 0
         if queue.settings.access_type is AccessType.NON_EXCLUSIVE and self in queue.flows:
             queue.flows.remove(self)  # took its turn: to the end of the line
             queue.flows.append(self)
@@ -572,8 +578,9 @@ class QueueFlow(Flow):
         if self.unbound:  # unbound while marking: they go back, flagged by the mark
             queue._in_flight -= len(entries)
             queue.give_back([SpoolEntry(e.message, e.delivery_count + 1) for e in entries])
-            return
+            return 0
         self._prefetched.extend(entries)
+        return len(entries)
 
     def _expired(self, entry: SpoolEntry) -> bool:
         expires = entry.message.expires_at

@@ -150,3 +150,31 @@ async def test_receive_and_receive_nowait_together_keep_to_the_window(
             flow.ack(message)
         rest = [await receive(flow) for _ in range(3)]
         assert [m.payload for m in rest] == [b"3", b"4", b"5"]
+
+
+async def test_a_waiting_receive_and_a_background_fetch_on_an_empty_queue_stay_quiet(
+    data_dir: Path | None,
+) -> None:
+    # Neither fetcher may wake the other when it found nothing: they would take turns
+    # for ever instead of waiting for a message.
+    async with Node(plugins=PLUGINS, data_dir=data_dir) as node:
+        service(node).create_queue("q")
+        session = node.connect()
+        flow = await session.bind("q", window=3)
+        assert flow.receive_nowait() is None  # the background fetch starts
+        queue = service(node).queue("q")
+        got: list[Message] = []
+        async with anyio.create_task_group() as tg:
+
+            async def wait_for_one() -> None:
+                got.append(await flow.receive())
+
+            tg.start_soon(wait_for_one)
+            for _ in range(20):
+                await checkpoint()
+            seen = queue.version
+            for _ in range(200):
+                await checkpoint()
+            assert queue.version == seen
+            await session.send_to_queue("q", "late")
+        assert [m.payload for m in got] == [b"late"]
