@@ -531,12 +531,13 @@ class QueueFlow(Flow):
 
     def _room(self) -> int:
         """How many more messages the window lets this flow fetch now: neither handed
-        out, nor fetched already, nor being fetched (:meth:`receive` and the task of
-        :meth:`receive_nowait` may both be under way)."""
-        room = self.window - len(self._unacked) - len(self._prefetched)
-        if self._fetching and room - self._fetching <= 0:
-            self._turned_away = True  # woken when the fetch under way ends
-        return room - self._fetching
+        out nor fetched already; none while a fetch is under way (:meth:`receive` and
+        the task of :meth:`receive_nowait` may both try). One fetch at a time keeps the
+        window, and the order: two at once could finish in either order."""
+        if self._fetching:
+            self._turned_away = True  # woken when the fetch under way kept messages
+            return 0
+        return self.window - len(self._unacked) - len(self._prefetched)
 
     async def _prefetch(self, room: int) -> None:
         self._fetching += room

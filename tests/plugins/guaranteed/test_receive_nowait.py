@@ -7,6 +7,7 @@ event loop between looks; no wall-clock sleeps.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import anyio
@@ -178,3 +179,50 @@ async def test_a_waiting_receive_and_a_background_fetch_on_an_empty_queue_stay_q
             assert queue.version == seen
             await session.send_to_queue("q", "late")
         assert [m.payload for m in got] == [b"late"]
+
+
+async def test_one_fetch_at_a_time_keeps_the_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A receive() fetches; an ack frees room and receive_nowait() starts its background
+    # fetch. Run beside the first, the second could finish first (here: it does not
+    # wait at the gate) and hand out a later message before an earlier one.
+    async with Node(plugins=PLUGINS) as node:
+        svc = service(node)
+        svc.create_queue("q")
+        session = node.connect()
+        for i in range(6):
+            await session.send_to_queue("q", str(i))
+        flow = await session.bind("q", window=2)
+        first = [await receive(flow), await receive(flow)]  # the window is full
+        store = svc.store
+        mark = store.mark_delivered
+        gate = anyio.Event()
+        held: list[object] = []
+
+        async def gated(endpoint: str, ids: Iterable[int]) -> int:
+            ids = list(ids)
+            if not held:  # the first fetch's mark waits until the gate opens
+                held.append(ids)
+                await gate.wait()
+            return await mark(endpoint, ids)
+
+        monkeypatch.setattr(store, "mark_delivered", gated)
+        got: list[Message] = []
+        async with anyio.create_task_group() as tg:
+            flow.ack(first[0])
+
+            async def one() -> None:
+                got.append(await flow.receive())
+
+            tg.start_soon(one)
+            for _ in range(10):
+                await checkpoint()
+            assert held  # its fetch waits at the gate
+            flow.ack(first[1])  # room for one more
+            assert flow.receive_nowait() is None  # the background fetch starts
+            for _ in range(10):
+                await checkpoint()
+            gate.set()
+        for _ in range(3):
+            flow.ack(got[-1])
+            got.append(await receive(flow))
+        assert [m.payload for m in got] == [b"2", b"3", b"4", b"5"]
