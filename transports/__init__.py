@@ -39,6 +39,7 @@ from ._server import (
     servers_of,
     start_server,
 )
+from ._serving import WriteThrough, write_through_of
 from ._session_calls import RemoteSessionStatistics
 from ._settings import (
     DEFAULT_PORT,
@@ -85,6 +86,7 @@ __all__ = [
     "Target",
     "TlsSettings",
     "WireLink",
+    "WriteThrough",
     "accept_stream",
     "adopt_tcp_stream",
     "certificate_common_name",
@@ -103,4 +105,5 @@ __all__ = [
     "read_tls_table",
     "start_server",
     "validate_compression",
+    "write_through_of",
 ]

@@ -63,7 +63,7 @@ from ._link_dialing import dial
 from ._link_guaranteed import GuaranteedFromPeer, Pull
 from ._link_sends import link_send_header
 from ._protocol import ConnectionState
-from ._serving import WRITE_THROUGH, WriteThrough
+from ._serving import write_through_of
 from ._wire_errors import error_from
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
         self._now = vpn.node.clock.time
         self._monotonic = vpn.node.clock.monotonic
         self._queued_at = 0.0  # when the first message waiting for the peer came
-        self._write_through = vpn.node.stash.setdefault(WRITE_THROUGH, WriteThrough())
+        self._write_through = write_through_of(vpn.node)
         self._writes_nowait = False
         #: In its node's write-through list already (see :class:`WriteThrough`).
         self.marked = False

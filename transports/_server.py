@@ -40,7 +40,7 @@ from ._connection import Connection
 from ._link import WireLink
 from ._management import provide_management
 from ._protocol import LinkProtocol, Role
-from ._serving import WRITE_THROUGH, ServedSession, WriteThrough
+from ._serving import ServedSession, write_through_of
 from ._settings import ListenerSettings
 from ._streams import map_exceptions
 
@@ -430,7 +430,7 @@ class Server:
         vpn = session.vpn.name
         compression = self._compression(hello)
         connection.protocol.accept(self._welcome(session, {}), compression=compression)
-        write_through = self.node.stash.setdefault(WRITE_THROUGH, WriteThrough())
+        write_through = write_through_of(self.node)
         served = ServedSession(connection, session, self.settings, write_through)
         try:
             await connection.flush()

@@ -56,12 +56,20 @@ from ._protocol import ConnectionState
 from ._settings import ListenerSettings
 
 if TYPE_CHECKING:
+    from meshbus._node import Node
     from meshbus._session import Session
     from meshbus._vpn import Vpn
 
     from ._connection import Connection
 
-__all__ = ["SERVED", "WRITE_THROUGH", "ServedSession", "WriteThrough", "Writer"]
+__all__ = [
+    "SERVED",
+    "WRITE_THROUGH",
+    "ServedSession",
+    "WriteThrough",
+    "Writer",
+    "write_through_of",
+]
 
 log = logging.getLogger("meshbus.transports")
 
@@ -611,6 +619,15 @@ def _send_options(send: ev.Send) -> dict[str, Any]:
 
 WRITE_THROUGH: StashKey[WriteThrough] = StashKey()
 """The node's :class:`WriteThrough`, shared by its listeners' connections and its links."""
+
+
+def write_through_of(node: Node) -> WriteThrough:
+    """The node's :class:`WriteThrough`, made on first use: a listener of another kind
+    (a plugin's) uses it so that what its readers publish reaches this node's
+    connections and links in one write each, and its own connections' deliveries
+    wait for whichever reader is publishing."""
+    return node.stash.setdefault(WRITE_THROUGH, WriteThrough())
+
 
 SERVED: StashKey[ServedSession] = StashKey()
 """A session's :class:`ServedSession` (``session.stash``), when a listener serves it."""

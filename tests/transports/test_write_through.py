@@ -18,14 +18,21 @@ import anyio.abc
 import pytest
 
 from meshbus import ClientProfile, Message, Node
-from meshbus.transports import ListenerSettings, Server, TlsSettings, connect, start_server
+from meshbus.transports import (
+    ListenerSettings,
+    Server,
+    TlsSettings,
+    WriteThrough,
+    connect,
+    start_server,
+    write_through_of,
+)
 from meshbus.transports._asyncio_tcp import AsyncioTcpStream, adopt_tcp_stream
 from meshbus.transports._codec import decode_deliver, decode_deliver_batch
 from meshbus.transports._connection import Connection
 from meshbus.transports._framing import FrameKind
 from meshbus.transports._protocol import LinkProtocol, Role
-from meshbus.transports._server import WRITE_THROUGH
-from meshbus.transports._serving import ServedSession, WriteThrough
+from meshbus.transports._serving import ServedSession
 from meshbus.transports._streams import connect_stream, memory_stream_pair
 
 from .conftest import Certificates, wait_until
@@ -35,7 +42,7 @@ K = FrameKind
 
 def writes_through(node: Node) -> int:
     """How many times a reader has written another connection's deliveries itself."""
-    return node.stash.get(WRITE_THROUGH, WriteThrough()).writes
+    return write_through_of(node).writes
 
 
 async def drain(session: Any, count: int, timeout: float = 10.0) -> list[Message]:
