@@ -52,7 +52,7 @@ from meshbus import (
     StateError,
 )
 from meshbus.abc import Flow
-from meshbus.transports import AsyncioTcpStream
+from meshbus.transports import AsyncioTcpStream, write_through_of
 
 from ._codec import (
     MQTT_5,
@@ -141,6 +141,10 @@ class MqttConnection(Subscribing, Delivering):
         self._next_id = 0
         self._special = False  # some subscription uses no-local or retain-as-published
         self._direct_busy = False  # the direct deliverer holds messages it has not written
+        #: The node's readers' shared write-through (see :meth:`_write_through`).
+        self.write_through = write_through_of(self.node)
+        self.marked = False
+        self._unwritten: list[bytes] = []
         self._ended = anyio.Event()
         self._scope: anyio.CancelScope | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -431,9 +435,14 @@ class MqttConnection(Subscribing, Delivering):
         later: list[bytes] = []
         failed: list[Exception] = []
 
+        write_through = self.write_through
+
         def received(data: bytes) -> None:
             nonlocal heard
             heard = clock.monotonic()
+            # What the QoS 0 publishes of this read make the node write goes out in
+            # one write per connection at the end (see WriteThrough).
+            write_through.active = True
             try:
                 packets = reader.feed(data)
                 for i, raw in enumerate(packets):
@@ -449,6 +458,8 @@ class MqttConnection(Subscribing, Delivering):
             except Exception as exc:
                 failed.append(exc)
                 stream.set_receiver(None)
+            finally:
+                write_through.drain()
 
         while True:
             if later:

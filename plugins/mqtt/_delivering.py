@@ -90,7 +90,12 @@ class Delivering(Parts):
         bytes now. It saves the wake-up of :meth:`_deliver_direct` per message (a good
         part of a round trip); anything else goes to the session's bounded buffer as
         before, in order. Only on a session without delivery stages (eliding's), and
-        on a stream that can write without waiting (plain TCP on asyncio)."""
+        on a stream that can write without waiting (plain TCP on asyncio).
+
+        While a reader of this node publishes what it read (the node's
+        :class:`~meshbus.transports.WriteThrough` is active), the packets wait in
+        :attr:`_unwritten` and go out in one write when the reader is done with its
+        read (:meth:`write_ready`), not one write each."""
         session = self.session
         stream: Any = self.stream
         if session is None or session.deliver is not session.sink:
@@ -104,6 +109,8 @@ class Delivering(Parts):
         send_now = stream.send_nowait
         limit = self.client_max_packet
         listener = self.listener
+        write_through = self.write_through
+        unwritten = self._unwritten
 
         def deliver(message: Message) -> None:
             if len(egress) or self._direct_busy or lock.locked() or not writable():
@@ -121,10 +128,31 @@ class Delivering(Parts):
                 return
             listener.sent += 1
             listener.written_through += 1
-            send_now(data)
+            if not write_through.active:
+                send_now(data)
+                return
+            unwritten.append(data)
+            if not self.marked:
+                self.marked = True
+                write_through.ready.append(self)
 
         session.sink = deliver
         session.deliver = deliver
+
+    def write_ready(self) -> bool:
+        """Write the packets :meth:`_write_through` kept for the end of a reader's
+        read, in one write (the node's write-through calls it then)."""
+        unwritten = self._unwritten
+        if unwritten:
+            data = b"".join(unwritten)
+            unwritten.clear()
+            stream: Any = self.stream
+            if stream.writable_now():  # else it is closing: the packets go with it
+                stream.send_nowait(data)
+        return True
+
+    def wake_writer(self) -> None:
+        """Nothing to wake: :meth:`write_ready` writes at once or not at all."""
 
     async def _deliver_direct(self) -> None:
         session = self.session

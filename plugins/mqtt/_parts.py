@@ -15,6 +15,7 @@ import anyio.abc
 
 from meshbus import Message, Session
 from meshbus.abc import Flow
+from meshbus.transports import WriteThrough
 
 if TYPE_CHECKING:
     from ._codec import Codec
@@ -31,6 +32,7 @@ class Parts:
     state: MqttSession | None
     flow: Flow | None
     client_id: str
+    peer: str  # the client's address, in logs
     settings: Any
     listener: Any
     node: Any
@@ -44,6 +46,9 @@ class Parts:
     _tg: anyio.abc.TaskGroup | None
     _write_lock: anyio.Lock
     _direct_busy: bool
+    write_through: WriteThrough
+    marked: bool  # in the write-through's list already
+    _unwritten: list[bytes]  # packets for the end of a reader's read
     # The connection's own methods the halves call (declared, not defined, here).
     _write: Callable[[bytes], Awaitable[None]]
     _guarded: Callable[..., Coroutine[Any, Any, None]]

@@ -15,6 +15,7 @@ from mqtt5 import TopicFilter
 
 from meshbus import Node
 from meshbus.plugins.mqtt import MqttListener, MqttListenerSettings, start_mqtt_listener
+from meshbus.transports import ListenerSettings, connect, start_server, write_through_of
 
 from ._clients import eventually
 from ._packets import CONNECT_5
@@ -146,3 +147,75 @@ async def test_a_backlog_goes_out_in_order_within_the_receive_maximum(
     queue = listener.node.guaranteed.queue("mqtt/backlog")  # type: ignore[attr-defined]
     await eventually(lambda: queue.statistics().acked == 8)
     assert queue.statistics().delivered == 8
+
+
+async def _ping(client: Raw) -> None:
+    await client.stream.send(mqtt5.PingReqPacket().write())
+    await client.read_until(lambda: bool(client.packets))
+    assert type(client.packets.pop()) is mqtt5.PingRespPacket
+
+
+def _connection(listener: MqttListener, client_id: str) -> Any:
+    return next(c for c in listener.connections if c.client_id == client_id)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio's reads are not callbacks
+async def test_the_publishes_of_one_read_reach_a_subscriber_in_one_write(
+    listener: MqttListener,
+) -> None:
+    subscriber = await login(listener.port, mqtt5.ConnectPacket("sub", clean_start=True).write())
+    publisher = await login(listener.port, mqtt5.ConnectPacket("pub", clean_start=True).write())
+    async with subscriber.stream, publisher.stream:
+        await subscriber.stream.send(
+            mqtt5.SubscribePacket(1, [TopicFilter("w/#", max_qos=mqtt5.QoS.AT_MOST_ONCE)]).write()
+        )
+        await subscriber.read_until(lambda: subscriber.packets)
+        subscriber.packets.clear()
+        stream = _connection(listener, "sub").stream
+        writes: list[bytes] = []
+        send_nowait = stream.send_nowait
+
+        def counted(data: bytes) -> None:
+            writes.append(data)
+            send_nowait(data)
+
+        stream.send_nowait = counted
+        await _ping(publisher)  # its connection now reads in callbacks
+        payloads = [b"%d" % i for i in range(10)]
+        await publisher.stream.send(
+            b"".join(mqtt5.PublishPacket("w/x", p).write() for p in payloads)
+        )
+        await subscriber.read_until(lambda: len(subscriber.payloads()) == 10)
+        assert subscriber.payloads() == payloads
+        assert len(writes) == 1
+        assert listener.statistics().written_through == 10
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_publishes_of_one_read_reach_a_remote_session_in_one_write(
+    listener: MqttListener,
+) -> None:
+    """A meshbus client's connection is written by the MQTT reader too, at the end
+    of the read, not by waking the connection's own writer for each message."""
+    node = listener.node
+    server = await start_server(node, ListenerSettings(host="127.0.0.1", port=0))
+    try:
+        async with connect(f"tcp://127.0.0.1:{server.port}") as remote:
+            remote.subscribe("w/>")
+            await remote.confirm()
+            publisher = await login(
+                listener.port, mqtt5.ConnectPacket("pub", clean_start=True).write()
+            )
+            async with publisher.stream:
+                await _ping(publisher)
+                payloads = [b"%d" % i for i in range(10)]
+                before = write_through_of(node).writes
+                await publisher.stream.send(
+                    b"".join(mqtt5.PublishPacket("w/x", p).write() for p in payloads)
+                )
+                with anyio.fail_after(10):
+                    got = [(await remote.receive()).payload for _ in payloads]
+                assert got == payloads
+                assert write_through_of(node).writes - before >= 1
+    finally:
+        await server.aclose()
