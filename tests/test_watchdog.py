@@ -40,15 +40,22 @@ _SPINNING_TEST = """
 """
 
 
+@pytest.mark.parametrize(
+    ("options", "fired"),
+    [([], "0:00:06"), (["--timeout", "2"], "0:00:07")],
+    ids=["ini", "command line"],
+)
 def test_a_test_that_swallows_the_timeout_ends_the_run_with_its_stack(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, options: list[str], fired: str
 ) -> None:
+    """1 s in the ini file (or 2 s on the command line, which wins, as it does for
+    pytest-timeout): the watchdog fires 5 s after it."""
     monkeypatch.setenv("PYTHONPATH", str(_ROOT))
     pytester.makeini("[pytest]\ntimeout = 1\naddopts = -p no:cacheprovider -p no:asyncio\n")
     pytester.makeconftest('pytest_plugins = ["tests.watchdog"]\n')
     pytester.makepyfile(test_spin=textwrap.dedent(_SPINNING_TEST))
-    result = pytester.runpytest_subprocess(timeout=45)
+    result = pytester.runpytest_subprocess(*options, timeout=45)
     assert result.ret == 1
     stderr = result.stderr.str()
-    assert "Timeout (0:00:06)!" in stderr
+    assert f"Timeout ({fired})!" in stderr
     assert "(most recent call first)" in stderr

@@ -35,10 +35,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def _limit(item: pytest.Item) -> float:
+    """The test's pytest-timeout limit, found as pytest-timeout finds it: its marker,
+    else ``--timeout``, else ``PYTEST_TIMEOUT``, else the ini file; 0 for none, and
+    none while a debugger may stop the test (``--pdb``)."""
+    config = item.config
+    if config.getoption("usepdb", False):
+        return 0.0
     marker = item.get_closest_marker("timeout")
     if marker is not None and marker.args:
         return float(marker.args[0])
-    return float(item.config.getini("timeout") or 0)
+    for value in (
+        config.getoption("timeout", None),
+        os.environ.get("PYTEST_TIMEOUT"),
+        config.getini("timeout"),
+    ):
+        if value not in (None, ""):
+            return float(value)
+    return 0.0
 
 
 @pytest.hookimpl(hookwrapper=True)
