@@ -14,7 +14,7 @@ Freezing what start-up made (modules, configuration, plugins) also keeps those
 objects out of every later full collection.
 
 Only the node's own process is tuned this way. An application that embeds meshbus
-owns its collector; it can call :func:`tune_collector` when it wants the same.
+owns its collector; docs/reference/cli.rst shows it the two calls that do the same.
 """
 
 from __future__ import annotations
