@@ -90,6 +90,7 @@ log = logging.getLogger("meshbus.mqtt")
 _PERSISTENT = DeliveryMode.PERSISTENT
 _READ_SIZE = 65536
 _BATCH = 64  # direct messages written in one go, at most
+READ_SLICE = 256  # packets of one read acted on before other tasks get a turn
 
 _PUBLISHES = (PublishPacket, Publish311)
 
@@ -415,18 +416,24 @@ class MqttConnection(Subscribing, Delivering):
             await self._packets(reader.feed(data))
 
     async def _packets(self, packets: list[bytes]) -> None:
+        """Act on ``packets`` in order, letting other tasks run after each
+        :data:`READ_SLICE` of them (a QoS 0 publish never awaits on its own)."""
         read = self.codec.read  # type: ignore[union-attr]
-        for raw in packets:
+        for n, raw in enumerate(packets, 1):
             packet = read(raw)
             if isinstance(packet, _PUBLISHES):
                 await self._publish(packet)
             else:
                 await self._control(packet)
+            if not n % READ_SLICE and n < len(packets):
+                await anyio.lowlevel.checkpoint()
 
     async def _read_in_callbacks(self, stream: AsyncioTcpStream, reader: PacketReader) -> None:
         """Read as :meth:`_read` does, acting on QoS 0 publishes and PUBACKs in the
         transport's callback as they arrive (no task wakes for them); any other packet
-        goes to this task, with the rest of its read, in order. While input is queued
+        goes to this task, with the rest of its read, in order, and so does what is
+        left of a read after its first :data:`READ_SLICE` packets (a flood of tiny
+        publishes must not hold the loop for a whole read). While input is queued
         (this task was busy), reads wait for this task's turn, as in :meth:`_read`."""
         read = self.codec.read  # type: ignore[union-attr]
         clock = self.node.clock
@@ -446,6 +453,10 @@ class MqttConnection(Subscribing, Delivering):
             try:
                 packets = reader.feed(data)
                 for i, raw in enumerate(packets):
+                    if i == READ_SLICE:  # the rest in this task, a slice at a time
+                        later.extend(packets[i:])
+                        stream.set_receiver(None)
+                        return
                     packet = read(raw)
                     if isinstance(packet, _PUBLISHES) and packet.qos == 0:
                         self._publish_qos0(self._topic_of(packet), packet)

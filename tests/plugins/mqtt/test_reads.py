@@ -5,6 +5,7 @@ byte heard. And the writes of a backlog of QoS 1 messages, several to a write.""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from mqtt5 import TopicFilter
 
 from meshbus import Node
 from meshbus.plugins.mqtt import MqttListener, MqttListenerSettings, start_mqtt_listener
+from meshbus.plugins.mqtt._connection import READ_SLICE
 from meshbus.transports import ListenerSettings, connect, start_server, write_through_of
 
 from ._clients import eventually
@@ -219,3 +221,33 @@ async def test_the_publishes_of_one_read_reach_a_remote_session_in_one_write(
                 assert write_through_of(node).writes - before >= 1
     finally:
         await server.aclose()
+
+
+async def test_a_flood_of_small_publishes_lets_others_run_between_slices(
+    listener: MqttListener,
+) -> None:
+    """Thousands of tiny QoS 0 publishes in one write are acted on a slice at a time,
+    not all in one go: another task runs between slices, so one client cannot hold
+    the event loop for the whole of a large read."""
+    flooder = await login(listener.port, mqtt5.ConnectPacket("flood", clean_start=True).write())
+    async with flooder.stream:
+        await _ping(flooder)
+        count = 5000
+        before = listener.statistics().received
+        seen: list[int] = []
+        watching = anyio.Event()
+
+        async def watch() -> None:
+            watching.set()
+            while not seen or seen[-1] - before < count:
+                await anyio.lowlevel.checkpoint()
+                seen.append(listener.statistics().received)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                await watching.wait()
+                await flooder.stream.send(mqtt5.PublishPacket("f", b"").write() * count)
+        steps = [b - a for a, b in itertools.pairwise([before, *seen])]
+        # Trio may run the reader twice in one scheduling batch before the watcher.
+        assert max(steps) <= 2 * READ_SLICE
