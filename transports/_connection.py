@@ -23,7 +23,7 @@ from meshbus.errors import AuthenticationError, MeshbusError, ProtocolError, Tra
 from . import _events as ev
 from ._asyncio_tcp import AsyncioTcpStream
 from ._framing import FrameKind
-from ._protocol import ConnectionState, LinkProtocol, Role
+from ._protocol import FRAME_SLICE, ConnectionState, LinkProtocol, Role
 from ._streams import map_exceptions
 
 __all__ = ["READ_SIZE", "Connection", "unwrap_errors"]
@@ -91,6 +91,10 @@ class Connection:
         self.closed = False
         #: Frames that arrived in the same read as the handshake frame (client side).
         self.early: list[tuple[int, Any, bytes]] = []
+        # A read of thousands of small frames is decoded and acted on a slice at a
+        # time, other tasks' turns in between (the readers here call again while the
+        # protocol has pending input).
+        protocol.frame_slice = FRAME_SLICE
 
     async def receive_frames(self) -> list[tuple[int, Any, bytes]]:
         """Read once from the stream; return the frames completed (maybe none).
@@ -159,18 +163,30 @@ class Connection:
             if rest is not None:
                 given.append(rest)
                 stream.set_receiver(None)  # what arrives next waits for the caller
-            elif protocol.state is not ConnectionState.OPEN:
-                stream.set_receiver(None)
+            elif protocol.state is not ConnectionState.OPEN or protocol.has_pending_input:
+                stream.set_receiver(None)  # (the rest of a sliced read: in this task)
 
-        try:
-            stream.set_receiver(received)
-            with map_exceptions(f"reading from {self.peer}"):
-                await stream.wait_receiver()
-        finally:
-            stream.set_receiver(None)
-        if failed:
-            raise failed[0]
-        return given[0] if given else None
+        while True:
+            # What a read left beyond its first slice, a slice per turn of this task.
+            while protocol.has_pending_input and protocol.state is ConnectionState.OPEN:
+                await anyio.lowlevel.checkpoint()
+                rest = handle(protocol.receive_data(b"", now()))
+                if rest is not None:
+                    return rest
+            if protocol.state is not ConnectionState.OPEN:
+                return None
+            try:
+                stream.set_receiver(received)
+                with map_exceptions(f"reading from {self.peer}"):
+                    await stream.wait_receiver()
+            finally:
+                stream.set_receiver(None)
+            if failed:
+                raise failed[0]
+            if given:
+                return given[0]
+            if not protocol.has_pending_input:
+                return None
 
     async def receive_handshake(self) -> ev.Hello | ev.Welcome:
         """Read until the handshake frame: HELLO (server side) or WELCOME (client side).

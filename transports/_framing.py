@@ -154,6 +154,12 @@ class FrameDecoder:
         self._need = _PREFIX_SIZE
         return data
 
+    @property
+    def sliced(self) -> bool:
+        """Whether the last :meth:`feed` stopped at its ``limit`` with bytes left that
+        it did not look at (``feed(b"")`` decodes them)."""
+        return self._need == 0 and self._size > 0
+
     def feed(self, data: bytes, limit: int = 0) -> list[tuple[int, Any, bytes]]:
         """Add ``data``; return every frame now complete, in order (at most ``limit``
         when it is not 0: the rest stays buffered)."""

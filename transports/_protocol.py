@@ -47,9 +47,14 @@ from ._events import CONTROL_KINDS, decode_event
 from ._framing import FrameDecoder, FrameKind, encode_frame
 from ._settings import LOGIN_FRAME_SIZE, MAX_FRAME_SIZE
 
-__all__ = ["PROTOCOL_VERSION", "ConnectionState", "LinkProtocol", "Role"]
+__all__ = ["FRAME_SLICE", "PROTOCOL_VERSION", "ConnectionState", "LinkProtocol", "Role"]
 
 _INFLATE_STEP = 256 * 1024
+
+FRAME_SLICE = 256
+"""Frames a :class:`~meshbus.transports._connection.Connection` has its protocol decode
+per call (:attr:`LinkProtocol.frame_slice`): a read of thousands of small frames is
+acted on a slice at a time, with other tasks' turns in between."""
 
 PROTOCOL_VERSION = 1
 """The version a HELLO names; a node refuses versions it does not speak."""
@@ -158,6 +163,10 @@ class LinkProtocol:
         self.compression: str | None = None
         #: Why the connection closed, once it has.
         self.close_reason: str | None = None
+        #: At most this many frames per :meth:`receive_data` once open (0: all that
+        #: are complete). The rest wait, decoded by the next call, even with ``b""``:
+        #: :attr:`has_pending_input` says when they do.
+        self.frame_slice = 0
         #: Time the last bytes arrived / were queued (in the I/O layer's clock).
         self.last_received = 0.0
         self.last_sent = 0.0
@@ -303,7 +312,10 @@ class LinkProtocol:
                     frames += self.receive_data(b"", now)
                 return frames
             decoder = self._decoder
-            frames = decoder.feed(data) if self._decompressor is None else self._inflate(data)
+            if self._decompressor is None:
+                frames = decoder.feed(data, self.frame_slice)
+            else:
+                frames = self._inflate(data)
             control = _CONTROL
             for i, (kind, header, payload) in enumerate(frames):
                 if kind not in control:
@@ -326,9 +338,12 @@ class LinkProtocol:
 
     @property
     def has_pending_input(self) -> bool:
-        """Compressed input is left that the last call did not inflate: call
-        :meth:`receive_data` with ``b""`` before reading more from the stream."""
-        return self._decompressor is not None and self._decompressor.has_more
+        """Input is left that the last call did not decode (frames beyond
+        :attr:`frame_slice`) or inflate: call :meth:`receive_data` with ``b""`` before
+        reading more from the stream."""
+        if self._decompressor is not None:
+            return self._decompressor.has_more
+        return self._decoder.sliced
 
     def _handshake(self, data: bytes) -> list[tuple[int, Any, bytes]]:
         # Decode one frame only: what follows it may be in another encoding.

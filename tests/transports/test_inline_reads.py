@@ -8,6 +8,7 @@ client wrote it, on trio (no callback reads) as on asyncio.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import anyio
@@ -17,7 +18,7 @@ from meshbus import Node
 from meshbus.transports import Server, connect
 from meshbus.transports._codec import decode_deliver, decode_deliver_batch, encode_publish
 from meshbus.transports._framing import FrameKind, encode_frame
-from meshbus.transports._protocol import LinkProtocol, Role
+from meshbus.transports._protocol import FRAME_SLICE, LinkProtocol, Role
 from meshbus.transports._streams import connect_stream
 
 K = FrameKind
@@ -114,3 +115,41 @@ async def test_a_bad_frame_behind_good_ones_closes_only_its_connection(
         healthy.publish("b/2", b"after")
         with anyio.fail_after(10):
             assert (await healthy.receive()).payload == b"after"
+
+
+async def test_a_flood_of_small_frames_lets_others_run_between_slices(
+    node: Node, server: Server
+) -> None:
+    """Thousands of one-message PUBLISH frames in one write are decoded and acted on a
+    slice at a time: another task runs between slices, so one client cannot hold the
+    event loop for the whole of a large read (on trio as on asyncio's callbacks)."""
+    count = 5000
+    handled: list[int] = [0]
+
+    def handler(message: Any) -> None:
+        handled[0] += 1
+
+    node.connect(client_name="counter", on_message=handler).subscribe("f")
+    client = RawClient(await connect_stream(server.url))
+    try:
+        await client.login()
+        seen: list[int] = []
+        watching = anyio.Event()
+
+        async def watch() -> None:
+            watching.set()
+            while not seen or seen[-1] < count:
+                await anyio.lowlevel.checkpoint()
+                seen.append(handled[0])
+
+        frame = encode_publish("f", b"")
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                await watching.wait()
+                await client.stream.send(frame * count)
+        steps = [b - a for a, b in itertools.pairwise([0, *seen])]
+        # Trio may run the reader twice in one scheduling batch before the watcher.
+        assert max(steps) <= 2 * FRAME_SLICE
+    finally:
+        await client.stream.aclose()
