@@ -43,7 +43,13 @@ from meshbus.errors import (
 
 from . import _events as ev
 from ._backoff import Backoff
-from ._codec import PublishEntry, decode_deliver, decode_deliver_batch, decode_flow_deliver
+from ._codec import (
+    PUBLISH_BATCH_MESSAGES,
+    PublishEntry,
+    decode_deliver,
+    decode_deliver_batch,
+    decode_flow_deliver,
+)
 from ._connection import Connection, unwrap_errors
 from ._dialing import ConnectSettings, Dialer, Target
 from ._framing import FrameKind
@@ -65,7 +71,6 @@ log = logging.getLogger("meshbus.transports")
 K = FrameKind
 _DELIVER = int(K.DELIVER)
 _DELIVER_BATCH = int(K.DELIVER_BATCH)
-_BATCH_MESSAGES = 4096  # publishes per PUBLISH_BATCH frame, at most
 _FLOW_DELIVER = int(K.FLOW_DELIVER)
 _OK = int(K.OK)
 _ERROR = int(K.ERROR)
@@ -446,8 +451,8 @@ class RemoteSession(SessionCalls):
         if not pending or self._protocol is None:
             return
         out = self._protocol.out
-        for start in range(0, len(pending), _BATCH_MESSAGES):
-            chunk = pending[start : start + _BATCH_MESSAGES]
+        for start in range(0, len(pending), PUBLISH_BATCH_MESSAGES):
+            chunk = pending[start : start + PUBLISH_BATCH_MESSAGES]
             # Published for a node that read more, before a reconnect, some may not fit:
             # they are dropped and reported like a refusal from the node.
             for refusal in encode_publishes(chunk, out, self.node_max_frame_size, self.url):

@@ -49,6 +49,7 @@ from ._framing import HEADER_DEPTH_LIMIT, HEADER_LIMIT, FrameKind, too_deep
 
 __all__ = [
     "FRAME_MESSAGES",
+    "PUBLISH_BATCH_MESSAGES",
     "FrameTooLarge",
     "decode_deliver",
     "decode_deliver_batch",
@@ -414,9 +415,15 @@ def publish_options(
     return wire
 
 
+PUBLISH_BATCH_MESSAGES = 4096
+"""Publishes per PUBLISH_BATCH frame, at most: a node refuses a frame with more. The
+frame is decoded in one step, so this bounds how long one frame holds the node's loop."""
+
+
 def encode_publish_batch(entries: list[PublishEntry], max_frame: int = _UNLIMITED) -> bytes:
     """PUBLISH_BATCH frames for ``entries`` (in order): one, or more when one would be
-    longer than ``max_frame`` (what the node reads) or its header over ``HEADER_LIMIT``.
+    longer than ``max_frame`` (what the node reads), its header over ``HEADER_LIMIT`` or
+    its messages more than :data:`PUBLISH_BATCH_MESSAGES`.
 
     :raises FrameTooLarge: an entry does not fit in a frame on its own.
     """
@@ -429,7 +436,11 @@ def encode_publish_batch(entries: list[PublishEntry], max_frame: int = _UNLIMITE
     except TypeError as exc:
         raise TypeError(f"message headers must be JSON-serializable: {exc}") from None
     payload = b"".join([e[1] for e in entries])
-    if 9 + len(header) + len(payload) <= max_frame and len(header) <= HEADER_LIMIT:
+    if (
+        9 + len(header) + len(payload) <= max_frame
+        and len(header) <= HEADER_LIMIT
+        and len(entries) <= PUBLISH_BATCH_MESSAGES
+    ):
         return _frame(_PUBLISH_BATCH, header, payload)
     if len(entries) == 1:
         raise FrameTooLarge(9 + len(header) + len(payload), max_frame)
@@ -441,6 +452,11 @@ def encode_publish_batch(entries: list[PublishEntry], max_frame: int = _UNLIMITE
 
 def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry]:
     """The entries of a PUBLISH_BATCH frame, sizes and types checked."""
+    if len(header) > PUBLISH_BATCH_MESSAGES:
+        raise ProtocolError(
+            f"PUBLISH_BATCH holds {len(header)} messages, more than the limit of "
+            f"{PUBLISH_BATCH_MESSAGES}"
+        )
     entries: list[PublishEntry] = []
     offset = 0
     total = len(payload)

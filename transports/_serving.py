@@ -76,6 +76,10 @@ log = logging.getLogger("meshbus.transports")
 K = FrameKind
 _PUBLISH = int(K.PUBLISH)
 _PUBLISH_BATCH = int(K.PUBLISH_BATCH)
+_REST = -1  # not a frame kind: publishes of a read left for the reader's next step
+PUBLISH_STEP = 1024
+"""Publishes a connection's reader acts on in one step, at most: a read of large
+batches is acted on in steps, with other tasks' turns in between."""
 _BATCH_BYTES = 256 * 1024  # deliveries encoded per write, at most (about)
 _BATCH_MESSAGES = 4096  # and at most this many, so a batch header stays small
 _WRITE_BYTES = 1024 * 1024  # a writer's batches per write, at most (about)
@@ -210,8 +214,12 @@ class ServedSession:
                     raise
                 log.debug("connection from %s ended: %s", connection.peer, exc)
                 return
-            while frames:  # from a control frame that may await on
-                _, event, payload = frames[0]
+            while frames:  # from a control frame that may await on, or past the budget
+                kind, event, payload = frames[0]
+                if kind == _REST:  # the publishes beyond one step's: after others' turns
+                    await anyio.lowlevel.checkpoint()
+                    frames = self._received(frames)
+                    continue
                 await self._control(event, payload)
                 frames = self._received(frames[1:])  # as before: all of the read's frames
             if protocol.out:
@@ -231,6 +239,7 @@ class ServedSession:
         write_through = self._write_through
         write_through.active = True
         written = False
+        budget = PUBLISH_STEP
         try:
             for i, (kind, header, payload) in enumerate(frames):
                 if kind == _PUBLISH_BATCH:
@@ -238,12 +247,20 @@ class ServedSession:
                 elif kind == _PUBLISH:
                     topic, options = decode_publish(header)
                     entries = [(topic, payload, options)]
+                elif kind == _REST:
+                    entries = header
                 elif type(header) is ev.Ack:
                     self._ack(header)
                     continue
                 else:  # a control frame: the protocol made it an event
                     return frames[i:]
+                if len(entries) > budget:  # the rest is for the reader's next step
+                    self._publish(entries[:budget])
+                    return [(_REST, entries[budget:], b""), *frames[i + 1 :]]
                 self._publish(entries)
+                budget -= len(entries)
+                if budget <= 0 and i + 1 < len(frames):
+                    return [(_REST, [], b""), *frames[i + 1 :]]
         finally:
             written = write_through.drain()
             self._behind = not written

@@ -16,9 +16,16 @@ import anyio.abc
 
 from meshbus import Node
 from meshbus.transports import Server, connect
-from meshbus.transports._codec import decode_deliver, decode_deliver_batch, encode_publish
+from meshbus.transports._codec import (
+    PUBLISH_BATCH_MESSAGES,
+    decode_deliver,
+    decode_deliver_batch,
+    encode_publish,
+    encode_publish_batch,
+)
 from meshbus.transports._framing import FrameKind, encode_frame
 from meshbus.transports._protocol import FRAME_SLICE, LinkProtocol, Role
+from meshbus.transports._serving import PUBLISH_STEP
 from meshbus.transports._streams import connect_stream
 
 K = FrameKind
@@ -153,3 +160,72 @@ async def test_a_flood_of_small_frames_lets_others_run_between_slices(
         assert max(steps) <= 2 * FRAME_SLICE
     finally:
         await client.stream.aclose()
+
+
+async def test_a_read_of_large_batches_is_acted_on_in_steps(node: Node, server: Server) -> None:
+    """A few PUBLISH_BATCH frames of thousands of tiny messages each fit in one read;
+    the node publishes at most PUBLISH_STEP of them per step, with other tasks' turns
+    in between (one such read held the loop for about 30 ms), in order, none lost."""
+    count = 4 * PUBLISH_BATCH_MESSAGES
+    handled: list[bytes] = []
+
+    def handler(message: Any) -> None:
+        handled.append(message.payload)
+
+    node.connect(client_name="counter", on_message=handler).subscribe("f")
+    client = RawClient(await connect_stream(server.url))
+    try:
+        await client.login()
+        seen: list[int] = []
+        watching = anyio.Event()
+
+        async def watch() -> None:
+            watching.set()
+            while not seen or seen[-1] < count:
+                await anyio.lowlevel.checkpoint()
+                seen.append(len(handled))
+
+        payloads = [b"%d" % i for i in range(count)]
+        data = b"".join(
+            encode_publish_batch([("f", p, None) for p in payloads[start : start + 4096]])
+            for start in range(0, count, 4096)
+        )
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                await watching.wait()
+                await client.stream.send(data)
+        steps = [b - a for a, b in itertools.pairwise([0, *seen])]
+        assert max(steps) <= 2 * PUBLISH_STEP  # as above: trio may run the reader twice
+        assert handled == payloads
+    finally:
+        await client.stream.aclose()
+
+
+async def test_a_batch_over_the_message_limit_closes_only_its_connection(
+    node: Node, server: Server
+) -> None:
+    async with connect(server.url) as healthy:
+        healthy.subscribe("b/>")
+        await healthy.confirm()
+        client = RawClient(await connect_stream(server.url))
+        try:
+            await client.login()
+            header = [["b/1", 0]] * (PUBLISH_BATCH_MESSAGES + 1)
+            client.protocol.send(K.PUBLISH_BATCH, header)
+            await client.stream.send(client.protocol.data_to_send())
+            await client.read_until(
+                lambda: (
+                    any(k == K.CLOSE for k, _, _ in client.frames)
+                    or client.protocol.state.name == "CLOSED"
+                )
+            )
+            closes = [h for k, h, _ in client.frames if k == K.CLOSE]
+            assert not closes or "more than the limit" in closes[0].reason
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            pass  # the node closed it before saying why: closed all the same
+        finally:
+            await client.stream.aclose()
+        healthy.publish("b/2", b"after")
+        with anyio.fail_after(10):
+            assert (await healthy.receive()).payload == b"after"
