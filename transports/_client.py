@@ -44,7 +44,7 @@ from meshbus.errors import (
 from . import _events as ev
 from ._backoff import Backoff
 from ._codec import (
-    PUBLISH_BATCH_MESSAGES,
+    BATCH_LIMIT,
     PublishEntry,
     decode_deliver,
     decode_deliver_batch,
@@ -451,8 +451,8 @@ class RemoteSession(SessionCalls):
         if not pending or self._protocol is None:
             return
         out = self._protocol.out
-        for start in range(0, len(pending), PUBLISH_BATCH_MESSAGES):
-            chunk = pending[start : start + PUBLISH_BATCH_MESSAGES]
+        for start in range(0, len(pending), BATCH_LIMIT):
+            chunk = pending[start : start + BATCH_LIMIT]
             # Published for a node that read more, before a reconnect, some may not fit:
             # they are dropped and reported like a refusal from the node.
             for refusal in encode_publishes(chunk, out, self.node_max_frame_size, self.url):

@@ -49,7 +49,7 @@ from ._framing import HEADER_DEPTH_LIMIT, HEADER_LIMIT, FrameKind, too_deep
 
 __all__ = [
     "FRAME_MESSAGES",
-    "PUBLISH_BATCH_MESSAGES",
+    "BATCH_LIMIT",
     "FrameTooLarge",
     "decode_deliver",
     "decode_deliver_batch",
@@ -415,15 +415,16 @@ def publish_options(
     return wire
 
 
-PUBLISH_BATCH_MESSAGES = 4096
-"""Publishes per PUBLISH_BATCH frame, at most: a node refuses a frame with more. The
-frame is decoded in one step, so this bounds how long one frame holds the node's loop."""
+BATCH_LIMIT = 4096
+"""Messages per batch frame (PUBLISH_BATCH, DELIVER_BATCH), at most: a frame with more
+is refused. A frame is decoded in one step, so this bounds how long one frame holds
+the reader's loop."""
 
 
 def encode_publish_batch(entries: list[PublishEntry], max_frame: int = _UNLIMITED) -> bytes:
     """PUBLISH_BATCH frames for ``entries`` (in order): one, or more when one would be
     longer than ``max_frame`` (what the node reads), its header over ``HEADER_LIMIT`` or
-    its messages more than :data:`PUBLISH_BATCH_MESSAGES`.
+    its messages more than :data:`BATCH_LIMIT`.
 
     :raises FrameTooLarge: an entry does not fit in a frame on its own.
     """
@@ -439,7 +440,7 @@ def encode_publish_batch(entries: list[PublishEntry], max_frame: int = _UNLIMITE
     if (
         9 + len(header) + len(payload) <= max_frame
         and len(header) <= HEADER_LIMIT
-        and len(entries) <= PUBLISH_BATCH_MESSAGES
+        and len(entries) <= BATCH_LIMIT
     ):
         return _frame(_PUBLISH_BATCH, header, payload)
     if len(entries) == 1:
@@ -450,13 +451,14 @@ def encode_publish_batch(entries: list[PublishEntry], max_frame: int = _UNLIMITE
     )
 
 
+def _over_batch_limit(kind: str, count: int) -> ProtocolError:
+    return ProtocolError(f"{kind} holds {count} messages, more than the limit of {BATCH_LIMIT}")
+
+
 def decode_publish_batch(header: list[Any], payload: bytes) -> list[PublishEntry]:
     """The entries of a PUBLISH_BATCH frame, sizes and types checked."""
-    if len(header) > PUBLISH_BATCH_MESSAGES:
-        raise ProtocolError(
-            f"PUBLISH_BATCH holds {len(header)} messages, more than the limit of "
-            f"{PUBLISH_BATCH_MESSAGES}"
-        )
+    if len(header) > BATCH_LIMIT:
+        raise _over_batch_limit("PUBLISH_BATCH", len(header))
     entries: list[PublishEntry] = []
     offset = 0
     total = len(payload)
@@ -584,6 +586,8 @@ def decode_deliver_batch(
     header: list[Any], payload: bytes, now: float | None = None
 ) -> list[Message]:
     """The messages of a DELIVER_BATCH frame, sizes and types checked."""
+    if len(header) > BATCH_LIMIT:
+        raise _over_batch_limit("DELIVER_BATCH", len(header))
     messages: list[Message] = []
     append = messages.append
     offset = 0

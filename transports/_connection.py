@@ -26,7 +26,7 @@ from ._framing import FrameKind
 from ._protocol import FRAME_SLICE, ConnectionState, LinkProtocol, Role
 from ._streams import map_exceptions
 
-__all__ = ["READ_SIZE", "Connection", "unwrap_errors"]
+__all__ = ["READ_SIZE", "REST", "STEP_MESSAGES", "Connection", "unwrap_errors"]
 
 READ_SIZE = 256 * 1024
 """Most bytes taken from the stream per read."""
@@ -36,6 +36,13 @@ _SYSTEM_CLOCK = SystemClock()
 Frames = list[tuple[int, Any, bytes]]
 """Frames as :meth:`LinkProtocol.receive_data` returns them: kind, header or event, payload."""
 Handle = Callable[[Frames], Frames | None]
+
+STEP_MESSAGES = 1024
+"""Messages a reader acts on in one step, at most: the rest of a read of large batches
+is handed back to its task (see :data:`REST`) and acted on after other tasks' turns."""
+REST = -1
+"""Not a frame kind: ``(REST, messages, b"")`` at the head of what a reader's handle
+returns holds what it left of a read for its next step (already decoded)."""
 
 
 @contextmanager

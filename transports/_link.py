@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from meshbus._links import Link, LinkState
 from meshbus._messages import HEADER_LIMITS, Envelope, Message
@@ -55,7 +56,7 @@ from ._codec import (
     decode_flow_deliver,
     encode_deliver_batch,
 )
-from ._connection import Connection, Frames, unwrap_errors
+from ._connection import REST, STEP_MESSAGES, Connection, Frames, unwrap_errors
 from ._dialing import ConnectSettings
 from ._framing import FrameKind
 from ._link_adverts import Advertising
@@ -513,8 +514,12 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
         frames, connection.early = connection.early, []
         rest = self._received(frames) if frames else None
         while True:
-            while rest:  # from a control frame that may await on, in order
-                _, event, payload = rest[0]
+            while rest:  # from a control frame that may await on, or past the budget
+                kind, event, payload = rest[0]
+                if kind == REST:  # the messages beyond one step's: after others' turns
+                    await anyio.lowlevel.checkpoint()
+                    rest = self._received(rest)
+                    continue
                 await self._control(event, payload)
                 rest = self._received(rest[1:])
             if protocol.state is not ConnectionState.OPEN:
@@ -538,20 +543,34 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
         # What the messages of one read make the node write (to sessions, to other
         # links) goes out in one write per connection at the end of it.
         write_through.active = True
+        budget = STEP_MESSAGES
         try:
             for i, (kind, header, payload) in enumerate(frames):
-                if kind == _DELIVER_BATCH:
-                    for message in decode_deliver_batch(header, payload, now()):
+                if kind in (_DELIVER_BATCH, REST):
+                    messages = (
+                        header if kind == REST else decode_deliver_batch(header, payload, now())
+                    )
+                    left = None
+                    if len(messages) > budget:  # the rest is for the reader's next step
+                        messages, left = messages[:budget], messages[budget:]
+                    for message in messages:
                         if not message.options.size or self._within_limits(message):
                             receive(message)
+                    if left is not None:
+                        return [(REST, left, b""), *frames[i + 1 :]]
+                    budget -= len(messages)
                 elif kind == _DELIVER:
                     message = decode_deliver(header, payload, now())
                     if not message.options.size or self._within_limits(message):
                         receive(message)
+                    budget -= 1
                 elif kind == _FLOW_DELIVER:
                     self._arrived(*decode_flow_deliver(header, payload, now()))
+                    budget -= 1
                 else:
                     return frames[i:]
+                if budget <= 0 and i + 1 < len(frames):
+                    return [(REST, [], b""), *frames[i + 1 :]]
         finally:
             self._behind = not write_through.drain()
         if self._connection is not None and self._connection.protocol.out:

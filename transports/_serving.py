@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import attrs
 
 from meshbus._messages import Message
@@ -50,7 +51,7 @@ from ._codec import (
     encode_deliver,
     encode_deliver_batch,
 )
-from ._connection import Frames, unwrap_errors
+from ._connection import REST, STEP_MESSAGES, Frames, unwrap_errors
 from ._framing import FrameKind
 from ._protocol import ConnectionState
 from ._settings import ListenerSettings
@@ -76,10 +77,6 @@ log = logging.getLogger("meshbus.transports")
 K = FrameKind
 _PUBLISH = int(K.PUBLISH)
 _PUBLISH_BATCH = int(K.PUBLISH_BATCH)
-_REST = -1  # not a frame kind: publishes of a read left for the reader's next step
-PUBLISH_STEP = 1024
-"""Publishes a connection's reader acts on in one step, at most: a read of large
-batches is acted on in steps, with other tasks' turns in between."""
 _BATCH_BYTES = 256 * 1024  # deliveries encoded per write, at most (about)
 _BATCH_MESSAGES = 4096  # and at most this many, so a batch header stays small
 _WRITE_BYTES = 1024 * 1024  # a writer's batches per write, at most (about)
@@ -216,7 +213,7 @@ class ServedSession:
                 return
             while frames:  # from a control frame that may await on, or past the budget
                 kind, event, payload = frames[0]
-                if kind == _REST:  # the publishes beyond one step's: after others' turns
+                if kind == REST:  # the publishes beyond one step's: after others' turns
                     await anyio.lowlevel.checkpoint()
                     frames = self._received(frames)
                     continue
@@ -239,7 +236,7 @@ class ServedSession:
         write_through = self._write_through
         write_through.active = True
         written = False
-        budget = PUBLISH_STEP
+        budget = STEP_MESSAGES
         try:
             for i, (kind, header, payload) in enumerate(frames):
                 if kind == _PUBLISH_BATCH:
@@ -247,7 +244,7 @@ class ServedSession:
                 elif kind == _PUBLISH:
                     topic, options = decode_publish(header)
                     entries = [(topic, payload, options)]
-                elif kind == _REST:
+                elif kind == REST:
                     entries = header
                 elif type(header) is ev.Ack:
                     self._ack(header)
@@ -256,11 +253,11 @@ class ServedSession:
                     return frames[i:]
                 if len(entries) > budget:  # the rest is for the reader's next step
                     self._publish(entries[:budget])
-                    return [(_REST, entries[budget:], b""), *frames[i + 1 :]]
+                    return [(REST, entries[budget:], b""), *frames[i + 1 :]]
                 self._publish(entries)
                 budget -= len(entries)
                 if budget <= 0 and i + 1 < len(frames):
-                    return [(_REST, [], b""), *frames[i + 1 :]]
+                    return [(REST, [], b""), *frames[i + 1 :]]
         finally:
             written = write_through.drain()
             self._behind = not written

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio.streams.tls import TLSStream
 
 from meshbus.errors import ConfigurationError, TransportError
@@ -139,7 +140,13 @@ class MemoryByteStream(anyio.abc.ByteStream):
         await self._send.aclose()
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        data = self._pending or await self._receive.receive()
+        # A checkpoint either way, as anyio's own streams do: a reader of a long write
+        # must not take its pieces one after another without letting others run.
+        if self._pending:
+            await anyio.lowlevel.checkpoint()
+            data = self._pending
+        else:
+            data = await self._receive.receive()
         self._pending = data[max_bytes:]
         return data[:max_bytes]
 

@@ -10,11 +10,13 @@ carry. ``test_link_fuzz.py`` feeds the node hostile ones.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import attrs
 import pytest
 
@@ -33,7 +35,8 @@ from meshbus.transports import (
     open_link,
 )
 from meshbus.transports import _events as ev
-from meshbus.transports._codec import encode_flow_deliver
+from meshbus.transports._codec import BATCH_LIMIT, encode_deliver_batch, encode_flow_deliver
+from meshbus.transports._connection import STEP_MESSAGES
 from meshbus.transports.testing import Mesh
 
 from .raw_peer import GONE, LINK, LISTENER, accepted, linked, queue_depth, rig
@@ -482,6 +485,42 @@ async def test_requests_and_answers_the_node_did_not_ask_for() -> None:
         assert isinstance(await peer.request(K.REQUEST, {"id": 3, "what": "sync"}), ev.Ok)
         assert not peer.ended
         assert peer.frames == []
+
+
+async def test_a_read_of_large_batches_is_taken_in_steps_with_others_turns_between() -> None:
+    """Thousands of messages in the batches of one read are received at most
+    STEP_MESSAGES per step, with other tasks' turns in between, in order, none lost."""
+    async with rig() as r:
+        peer = await linked(r)
+        got: list[bytes] = []
+        r.node.connect(client_name="local", on_message=lambda m: got.append(m.payload)).subscribe(
+            "a/>"
+        )
+        count = 4 * BATCH_LIMIT
+        batch = [Message("a/b", b"%d" % i) for i in range(count)]
+        seen: list[int] = []
+
+        async def watch() -> None:
+            link = accepted(r)
+            while len(seen) < 10_000 and (not seen or seen[-1] < count):
+                await anyio.lowlevel.checkpoint()
+                seen.append(link.statistics().received)
+
+        r.tg.start_soon(watch)
+        await peer.write(encode_deliver_batch(batch))  # in frames of FRAME_MESSAGES
+        await r.clock.settle()
+        steps = [b - a for a, b in itertools.pairwise([0, *seen])]
+        assert max(steps) <= 2 * STEP_MESSAGES  # trio may run the reader twice in a batch
+        assert got == [m.payload for m in batch]
+
+
+async def test_a_batch_over_the_message_limit_closes_the_link() -> None:
+    async with rig(attrs.evolve(LISTENER, max_frame_size=1 << 20)) as r:
+        peer = await linked(r)
+        await peer.send(K.DELIVER_BATCH, [["a/b", None, None, 0]] * (BATCH_LIMIT + 1))
+        assert peer.ended
+        [(_, why)] = r.links.closed
+        assert f"DELIVER_BATCH holds {BATCH_LIMIT + 1} messages, more than the limit" in why
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ from meshbus import HEADER_LIMITS, DeliveryMode, Message
 from meshbus._messages import DEFAULT_OPTIONS, MessageOptions
 from meshbus.errors import ProtocolError
 from meshbus.transports._codec import (
+    BATCH_LIMIT,
     FRAME_MESSAGES,
-    PUBLISH_BATCH_MESSAGES,
     FrameTooLarge,
     decode_deliver,
     decode_deliver_batch,
@@ -639,12 +639,12 @@ def test_batch_headers_stay_within_the_header_limit() -> None:
 
 def test_a_publish_batch_holds_a_bounded_number_of_messages() -> None:
     """A node decodes a PUBLISH_BATCH in one step, so it takes at most
-    PUBLISH_BATCH_MESSAGES in one (116,000 tiny ones fit in a header's 1 MiB and took
+    BATCH_LIMIT in one (116,000 tiny ones fit in a header's 1 MiB and took
     70 ms to decode); the encoder never writes more, in frames a node reads."""
-    over = PUBLISH_BATCH_MESSAGES + 1
+    over = BATCH_LIMIT + 1
     with pytest.raises(ProtocolError, match=f"holds {over} messages, more than the limit"):
         decode_publish_batch([["t", 0]] * over, b"")
-    assert len(decode_publish_batch([["t", 0]] * PUBLISH_BATCH_MESSAGES, b"")) == over - 1
+    assert len(decode_publish_batch([["t", 0]] * BATCH_LIMIT, b"")) == over - 1
     entries: list[tuple[str, bytes, dict[str, Any] | None]] = [("t", b"x", None)] * over
     frames = FrameDecoder(1 << 30).feed(encode_publish_batch(entries))
     assert len(frames) == 2

@@ -17,15 +17,15 @@ import anyio.abc
 from meshbus import Node
 from meshbus.transports import Server, connect
 from meshbus.transports._codec import (
-    PUBLISH_BATCH_MESSAGES,
+    BATCH_LIMIT,
     decode_deliver,
     decode_deliver_batch,
     encode_publish,
     encode_publish_batch,
 )
+from meshbus.transports._connection import STEP_MESSAGES
 from meshbus.transports._framing import FrameKind, encode_frame
 from meshbus.transports._protocol import FRAME_SLICE, LinkProtocol, Role
-from meshbus.transports._serving import PUBLISH_STEP
 from meshbus.transports._streams import connect_stream
 
 K = FrameKind
@@ -164,9 +164,9 @@ async def test_a_flood_of_small_frames_lets_others_run_between_slices(
 
 async def test_a_read_of_large_batches_is_acted_on_in_steps(node: Node, server: Server) -> None:
     """A few PUBLISH_BATCH frames of thousands of tiny messages each fit in one read;
-    the node publishes at most PUBLISH_STEP of them per step, with other tasks' turns
+    the node publishes at most STEP_MESSAGES of them per step, with other tasks' turns
     in between (one such read held the loop for about 30 ms), in order, none lost."""
-    count = 4 * PUBLISH_BATCH_MESSAGES
+    count = 4 * BATCH_LIMIT
     handled: list[bytes] = []
 
     def handler(message: Any) -> None:
@@ -196,7 +196,7 @@ async def test_a_read_of_large_batches_is_acted_on_in_steps(node: Node, server: 
                 await watching.wait()
                 await client.stream.send(data)
         steps = [b - a for a, b in itertools.pairwise([0, *seen])]
-        assert max(steps) <= 2 * PUBLISH_STEP  # as above: trio may run the reader twice
+        assert max(steps) <= 2 * STEP_MESSAGES  # as above: trio may run the reader twice
         assert handled == payloads
     finally:
         await client.stream.aclose()
@@ -211,7 +211,7 @@ async def test_a_batch_over_the_message_limit_closes_only_its_connection(
         client = RawClient(await connect_stream(server.url))
         try:
             await client.login()
-            header = [["b/1", 0]] * (PUBLISH_BATCH_MESSAGES + 1)
+            header = [["b/1", 0]] * (BATCH_LIMIT + 1)
             client.protocol.send(K.PUBLISH_BATCH, header)
             await client.stream.send(client.protocol.data_to_send())
             await client.read_until(

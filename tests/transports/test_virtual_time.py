@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from meshbus import ManualClock, Node, TransportError
 from meshbus.transports import Backoff, ListenerSettings, MemoryNetwork, connect, start_server
 from meshbus.transports._server import SERVERS
+from meshbus.transports._streams import memory_stream_pair
 
 QUICK = ListenerSettings(keepalive=1.0, keepalive_timeout=3.0, handshake_timeout=2.0)
 
@@ -142,3 +144,28 @@ async def test_a_login_that_never_comes_times_out_on_the_clock(
         tg.cancel_scope.cancel()
     assert waited == 5
     assert "no answer to the login" in str(failures[0])
+
+
+async def test_every_receive_of_a_memory_stream_lets_other_tasks_run() -> None:
+    """As anyio's own streams: a reader taking a long write in pieces gives other tasks
+    a turn between pieces (a link reader took its pieces back to back, and trio could
+    then act on three steps of a read of large batches without a turn for anyone)."""
+    ours, theirs = memory_stream_pair()
+    turns: list[int] = []
+    pieces: list[int] = []
+
+    async def other() -> None:
+        while len(pieces) < 4:
+            turns.append(len(pieces))
+            await anyio.lowlevel.checkpoint()
+
+    async with ours, theirs, anyio.create_task_group() as tg:
+        await ours.send(bytes(4 * 1024))
+        tg.start_soon(other)
+        await anyio.lowlevel.checkpoint()
+        while len(pieces) < 4:
+            pieces.append(len(await theirs.receive(1024)))
+    assert pieces == [1024] * 4
+    # The other task ran between the pieces: it saw at least three counts of the four
+    # it could (trio picks the order of the tasks of a turn, so not always the same).
+    assert len(set(turns) & {0, 1, 2, 3}) >= 3
