@@ -43,6 +43,7 @@ __all__ = [
     "need_mosquitto",
     "need_nats",
     "run_pairs",
+    "say_cpu",
 ]
 
 
@@ -54,6 +55,13 @@ class Contender:
     rtts: list[RoundTrips] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
     lost: int = 0  # messages a throughput run did not deliver, over all rounds
+    cpus: list[float] = field(default_factory=list)  # brokers' CPU us per message, per round
+
+    @property
+    def cpu(self) -> float | None:
+        """Median of the brokers' CPU time per delivered message, in us (``None``
+        without ``/proc``)."""
+        return statistics.median(self.cpus) if self.cpus else None
 
     @property
     def p50(self) -> float:
@@ -144,14 +152,57 @@ def run_pairs(
             try:
                 with start(work) as setup:
                     trips = measure_rtt(work, pair.family, setup, requests)
+                    before = brokers_cpu()
                     t = measure_throughput(work, pair.family, setup, messages)
+                    after = brokers_cpu()
             except PeerError as exc:
                 failed[pair.name] = f"{topology}: {failure(exc)}"
                 continue
             rtt[pair.name, topology].rtts.append(trips)
             tput[pair.name, topology].rates.append(t.rate)
             tput[pair.name, topology].lost += t.expected - t.received
+            if before is not None and after is not None and t.received:
+                used = sum(after[pid] - before[pid] for pid in before if pid in after)
+                tput[pair.name, topology].cpus.append(used / t.received * 1e6)
     return rtt, tput, failed
+
+
+def brokers_cpu() -> dict[int, float] | None:
+    """CPU seconds (user + system) so far of each running child process of this one
+    (``None`` without ``/proc``). Taken before and after a throughput run, the brokers
+    are what is running at both: the clients of the run start after and end before."""
+    me = os.getpid()
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    used: dict[int, float] = {}
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        fields = stat.rpartition(")")[2].split()  # from the state on: the name may hold spaces
+        if int(fields[1]) == me:
+            used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
+def say_cpu(say: Any, prefix: str, pairs: list[Pair], tput: Figures) -> None:
+    """One line per pair: the brokers' CPU time per delivered message in the throughput
+    runs, joined and alone, and the difference (what the hop costs in CPU)."""
+    for pair in pairs:
+        single, linked = tput[pair.name, "single"].cpu, tput[pair.name, "linked"].cpu
+        if single is None or linked is None:
+            continue
+        say(
+            f"{prefix} broker cpu {pair.name} {pair.hop}: {linked:.1f} us per message over "
+            f"all brokers joined, {single:.1f} us on one broker (+{linked - single:.1f} us "
+            "for the hop; context, no target)"
+        )
 
 
 @dataclass

@@ -60,6 +60,9 @@ Lines (targets from the issue):
   and <= the NATS leaf node's);
 * ``bridge guaranteed throughput``: bridged / one node (target >= 0.8x);
 * ``bridge stages``: hop counting + de-duplication per forwarded message (target <= 1 us).
+* ``bridge direct broker cpu``: the brokers' CPU time (user + system, from ``/proc``) per
+  message delivered in the throughput runs, joined and alone, for each product
+  (context, no target: what a hop costs in CPU, apart from what the clients cost).
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ from _pairs import (
     need_mosquitto,
     need_nats,
     peers_line,
+    say_cpu,
     say_runs,
 )
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError, say_result
@@ -279,6 +283,7 @@ def direct_phase(work: Path, args: argparse.Namespace) -> None:
             f"{line} (round trip p50 {linked.p50:,.0f} us bridged, {single.p50:,.0f} us on one "
             f"broker; p99 {linked.p99:,.0f} / {single.p99:,.0f} us; {pair.clients})"
         )
+    say_cpu(say, "bridge direct", ok, tput)
     if args.verbose:
         say_runs(say, "direct", rtt, tput)
 

@@ -66,6 +66,10 @@ What is measured (targets from the issue):
   two-server cluster (one nats-py connection); its count is what server B's
   ``/routez?subs=1`` lists for the route from A (NATS sends one RS+ per subject).
 
+The cluster phase also says ``dmr cluster broker cpu`` for each product: the brokers'
+CPU time (user + system, from ``/proc``) per message delivered in its throughput runs,
+clustered and alone (context, no target).
+
 Rounds: ``--rounds`` (5, quick 2) for the cluster figures, every contender once per
 round in an order that rotates between rounds, medians; ``--restarts`` (5, quick 2)
 for the resync.
@@ -104,6 +108,7 @@ from _pairs import (
     measure_pairs,
     need_nats,
     peers_line,
+    say_cpu,
     say_runs,
 )
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child, PeerError
@@ -314,6 +319,7 @@ def cluster_phase(work: Path, args: argparse.Namespace) -> None:
             f"{single.p50:,.0f} us on {one[name]}; p99 {linked.p99:,.0f} / "
             f"{single.p99:,.0f} us; {pair.clients})"
         )
+    say_cpu(say, "dmr cluster", ok, tput)
     if args.verbose:
         say_runs(say, "cluster", rtt, tput)
 

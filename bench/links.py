@@ -73,6 +73,9 @@ Lines (targets from the issue):
   a line of its own for each of them;
 * ``links tcp throughput meshbus link``: linked / one broker (target >= 0.85x), with
   the same ratio for the NATS route and the mosquitto bridge.
+* ``links tcp broker cpu``: the brokers' CPU time (user + system, from ``/proc``) per
+  message delivered in the throughput runs, joined and alone, for each product
+  (context, no target: what a hop costs in CPU, apart from what the clients cost).
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ from _pairs import (
     need_nats,
     peers_line,
     run_pairs,
+    say_cpu,
     say_runs,
 )
 from _peers import HOST, PAYLOAD_SIZE, READY_TIMEOUT, Child
@@ -453,6 +457,7 @@ def report_tcp(
             + "".join(f"; {text}" for text in lost)
             + ")"
         )
+    say_cpu(say, "links tcp", [p for p in pairs if p.name not in failed], tput)
     if args.verbose:
         say_runs(say, "tcp", rtt, tput)
 
