@@ -11,6 +11,13 @@ costs one commit (one fsync, for a durable store) per batch instead of one per m
   after it are left out, to be offered again (the flow waits on it, keeping order);
 * what is left is stored in one :meth:`SpoolStore.put_many`, then each message's
   direct copy is delivered to matching client subscriptions and other links, in order.
+
+A message the peer sends flagged ``redelivered`` may be here already: the peer sends
+again what it saw no ack for, and an ack lost with a connection that stayed down for
+longer than the origin de-duplication window (SPEC 7) leaves nothing here to know it
+by. So it keeps the flag: in the spool (its consumers get it flagged, whatever this
+node's own delivery count says) and on its direct copy. Nothing is delivered twice
+without the flag (SPEC 4), and nothing is held back that may never have come.
 """
 
 from __future__ import annotations
@@ -86,6 +93,8 @@ async def spool_many(
                 meta["origin"] = list(message.origin or service._new_origin())
                 if message.hop_count:
                     meta["hops"] = message.hop_count
+                if message.redelivered:
+                    meta["redelivered"] = True  # see the module's docs
                 records.append(
                     NewMessage(
                         message.topic,
@@ -133,6 +142,7 @@ async def spool_many(
             origin=origin,
             hop_count=message.hop_count,
             expires_at=message.expires_at,
+            redelivered=message.redelivered,
         )
         # Routed as what it was stored as: a message a peer sent as direct was stored
         # non-persistent, and must not be spooled again as a direct message would be.

@@ -653,7 +653,8 @@ def _to_message(entry: SpoolEntry, queue: Queue) -> Message:
         correlation_id=meta.get("correlation_id"),
         sender=meta.get("sender"),
         timestamp=stored.published_at,
-        redelivered=entry.delivery_count > 0,
+        # Or flagged when it came over a link (see _link_ingress): it may be a second copy.
+        redelivered=entry.delivery_count > 0 or meta.get("redelivered") is True,
         message_id=stored.id,
         destination=queue.settings.name,
         # Kept in the spool so that a message that crossed links keeps what it is.

@@ -754,3 +754,52 @@ async def test_a_flow_s_first_message_in_the_same_read_as_its_bind_answer_is_tak
         assert link.connects == 1
         link.stop()
         await r.clock.settle()
+
+
+async def test_a_message_a_peer_sends_again_flagged_stays_flagged_here() -> None:
+    """A peer sends flagged ``redelivered`` what it saw no ack for; if the ack was lost
+    with a connection that stayed down longer than the de-duplication window, this node
+    cannot tell it had it. So the spooled copy and the direct copy keep the flag: a
+    second copy is never delivered as a first (SPEC 4; found by the DMR chaos test)."""
+    async with rig() as r:
+        r.node.guaranteed.create_queue("here", subscriptions=["g/>"])
+        direct = r.node.connect(client_name="direct")
+        direct.subscribe("g/>")
+        network = MemoryNetwork(r.clock)
+
+        async def peer_node(stream: anyio.abc.ByteStream) -> None:
+            protocol = LinkProtocol(Role.SERVER, max_frame_size=1 << 20)
+            protocol.receive_data(await stream.receive())  # the HELLO
+            welcome = {"client_name": "s", "vpn": "default", "link": "bridge", "node_id": "q"}
+            protocol.accept(welcome, compression=None)
+            await stream.send(protocol.data_to_send())
+            with contextlib.suppress(*GONE):
+                while True:
+                    for kind, event, _ in protocol.receive_data(await stream.receive()):
+                        if kind == K.BIND:
+                            ok = encode_frame(K.OK, {"id": event.id, "flow": 1})
+                            again = Message("g/1", b"again", message_id=7, redelivered=True)
+                            first = Message("g/2", b"first", message_id=8)
+                            await stream.send(
+                                ok
+                                + encode_flow_deliver(1, 7, again)
+                                + encode_flow_deliver(1, 8, first)
+                            )
+                        elif kind == K.ACK:
+                            acked.extend(event.ids)
+
+        acked: list[int] = []
+        r.tg.start_soon(network.listen("peer").serve, peer_node)
+        settings = ConnectSettings(network.connectable("peer"), clock=r.clock)
+        link = open_link(r.node.vpn(), "to-peer", settings, pulls=["there"])
+        await r.clock.wait_for(lambda: acked == [7, 8], within=30)
+        flow = await r.node.connect(client_name="consumer").bind("here")
+        spooled = [await flow.receive(), await flow.receive()]
+        assert [(m.payload, m.redelivered) for m in spooled] == [
+            (b"again", True),
+            (b"first", False),
+        ]
+        copies = list(iter(direct.receive_nowait, None))
+        assert [(m.payload, m.redelivered) for m in copies] == [(b"again", True), (b"first", False)]
+        link.stop()
+        await r.clock.settle()
