@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -719,6 +720,31 @@ async def test_a_peer_binds_only_what_its_user_may_receive() -> None:
         assert "does not allow guaranteed receive" in refused.header["message"]
 
 
+def node_with_a_flow(
+    deliveries: bytes, acked: list[int]
+) -> Callable[[anyio.abc.ByteStream], Awaitable[None]]:
+    """A node made by hand, for a link to dial: it welcomes the link, answers its BIND
+    with flow 1 and ``deliveries`` (FLOW_DELIVER frames) in the same write, and notes
+    in ``acked`` the ids the link acknowledges."""
+
+    async def serve(stream: anyio.abc.ByteStream) -> None:
+        protocol = LinkProtocol(Role.SERVER, max_frame_size=1 << 20)
+        protocol.receive_data(await stream.receive())  # the HELLO
+        welcome = {"client_name": "s", "vpn": "default", "link": "bridge", "node_id": "q"}
+        protocol.accept(welcome, compression=None)
+        await stream.send(protocol.data_to_send())
+        with contextlib.suppress(*GONE):
+            while True:
+                for kind, event, _ in protocol.receive_data(await stream.receive()):
+                    if kind == K.BIND:
+                        ok = encode_frame(K.OK, {"id": event.id, "flow": 1})
+                        await stream.send(ok + deliveries)
+                    elif kind == K.ACK:
+                        acked.extend(event.ids)
+
+    return serve
+
+
 async def test_a_flow_s_first_message_in_the_same_read_as_its_bind_answer_is_taken() -> None:
     # A peer may write a flow's first FLOW_DELIVER right behind the OK to the BIND: the
     # link must know the flow by the time it reads the message (it did only once the
@@ -726,28 +752,12 @@ async def test_a_flow_s_first_message_in_the_same_read_as_its_bind_answer_is_tak
     async with rig() as r:
         r.node.guaranteed.create_queue("here", subscriptions=["g/>"])
         network = MemoryNetwork(r.clock)
-
-        async def quick_node(stream: anyio.abc.ByteStream) -> None:
-            protocol = LinkProtocol(Role.SERVER, max_frame_size=1 << 20)
-            protocol.receive_data(await stream.receive())  # the HELLO
-            welcome = {"client_name": "s", "vpn": "default", "link": "bridge", "node_id": "q"}
-            protocol.accept(welcome, compression=None)
-            await stream.send(protocol.data_to_send())
-            with contextlib.suppress(*GONE):
-                while True:
-                    for kind, event, _ in protocol.receive_data(await stream.receive()):
-                        if kind == K.BIND:
-                            message = Message("g/1", b"first", message_id=7)
-                            ok = encode_frame(K.OK, {"id": event.id, "flow": 1})
-                            await stream.send(ok + encode_flow_deliver(1, 7, message))
-                        elif kind == K.ACK:
-                            acked.append(list(event.ids))
-
-        acked: list[list[int]] = []
-        r.tg.start_soon(network.listen("quick").serve, quick_node)
+        acked: list[int] = []
+        first = encode_flow_deliver(1, 7, Message("g/1", b"first", message_id=7))
+        r.tg.start_soon(network.listen("quick").serve, node_with_a_flow(first, acked))
         settings = ConnectSettings(network.connectable("quick"), clock=r.clock)
         link = open_link(r.node.vpn(), "to-quick", settings, pulls=["there"])
-        await r.clock.wait_for(lambda: acked == [[7]], within=30)
+        await r.clock.wait_for(lambda: acked == [7], within=30)
         # Spooled once: a message a peer sends as direct over a flow is stored as
         # non-persistent, not spooled a second time as a direct publish would be.
         assert queue_depth(r.node, "here") == 1
@@ -766,30 +776,11 @@ async def test_a_message_a_peer_sends_again_flagged_stays_flagged_here() -> None
         direct = r.node.connect(client_name="direct")
         direct.subscribe("g/>")
         network = MemoryNetwork(r.clock)
-
-        async def peer_node(stream: anyio.abc.ByteStream) -> None:
-            protocol = LinkProtocol(Role.SERVER, max_frame_size=1 << 20)
-            protocol.receive_data(await stream.receive())  # the HELLO
-            welcome = {"client_name": "s", "vpn": "default", "link": "bridge", "node_id": "q"}
-            protocol.accept(welcome, compression=None)
-            await stream.send(protocol.data_to_send())
-            with contextlib.suppress(*GONE):
-                while True:
-                    for kind, event, _ in protocol.receive_data(await stream.receive()):
-                        if kind == K.BIND:
-                            ok = encode_frame(K.OK, {"id": event.id, "flow": 1})
-                            again = Message("g/1", b"again", message_id=7, redelivered=True)
-                            first = Message("g/2", b"first", message_id=8)
-                            await stream.send(
-                                ok
-                                + encode_flow_deliver(1, 7, again)
-                                + encode_flow_deliver(1, 8, first)
-                            )
-                        elif kind == K.ACK:
-                            acked.extend(event.ids)
-
         acked: list[int] = []
-        r.tg.start_soon(network.listen("peer").serve, peer_node)
+        again = Message("g/1", b"again", message_id=7, redelivered=True)
+        first = Message("g/2", b"first", message_id=8)
+        deliveries = encode_flow_deliver(1, 7, again) + encode_flow_deliver(1, 8, first)
+        r.tg.start_soon(network.listen("peer").serve, node_with_a_flow(deliveries, acked))
         settings = ConnectSettings(network.connectable("peer"), clock=r.clock)
         link = open_link(r.node.vpn(), "to-peer", settings, pulls=["there"])
         await r.clock.wait_for(lambda: acked == [7, 8], within=30)

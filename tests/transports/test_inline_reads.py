@@ -124,55 +124,15 @@ async def test_a_bad_frame_behind_good_ones_closes_only_its_connection(
             assert (await healthy.receive()).payload == b"after"
 
 
-async def test_a_flood_of_small_frames_lets_others_run_between_slices(
-    node: Node, server: Server
-) -> None:
-    """Thousands of one-message PUBLISH frames in one write are decoded and acted on a
-    slice at a time: another task runs between slices, so one client cannot hold the
-    event loop for the whole of a large read (on trio as on asyncio's callbacks)."""
-    count = 5000
-    handled: list[int] = [0]
-
-    def handler(message: Any) -> None:
-        handled[0] += 1
-
-    node.connect(client_name="counter", on_message=handler).subscribe("f")
-    client = RawClient(await connect_stream(server.url))
-    try:
-        await client.login()
-        seen: list[int] = []
-        watching = anyio.Event()
-
-        async def watch() -> None:
-            watching.set()
-            while not seen or seen[-1] < count:
-                await anyio.lowlevel.checkpoint()
-                seen.append(handled[0])
-
-        frame = encode_publish("f", b"")
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(watch)
-                await watching.wait()
-                await client.stream.send(frame * count)
-        steps = [b - a for a, b in itertools.pairwise([0, *seen])]
-        # Trio may run the reader twice in one scheduling batch before the watcher.
-        assert max(steps) <= 2 * FRAME_SLICE
-    finally:
-        await client.stream.aclose()
-
-
-async def test_a_read_of_large_batches_is_acted_on_in_steps(node: Node, server: Server) -> None:
-    """A few PUBLISH_BATCH frames of thousands of tiny messages each fit in one read;
-    the node publishes at most STEP_MESSAGES of them per step, with other tasks' turns
-    in between (one such read held the loop for about 30 ms), in order, none lost."""
-    count = 4 * BATCH_LIMIT
+async def steps_of(node: Node, server: Server, data: bytes, count: int) -> tuple[list[bytes], int]:
+    """Write ``data`` (``count`` publishes to ``f``) in one write; return the payloads
+    a subscriber got, in order, and the most the node acted on between two turns of
+    another task (trio may run the reader twice in one scheduling batch before the
+    watcher, so a bound is two steps' worth)."""
     handled: list[bytes] = []
-
-    def handler(message: Any) -> None:
-        handled.append(message.payload)
-
-    node.connect(client_name="counter", on_message=handler).subscribe("f")
+    node.connect(client_name="counter", on_message=lambda m: handled.append(m.payload)).subscribe(
+        "f"
+    )
     client = RawClient(await connect_stream(server.url))
     try:
         await client.login()
@@ -185,21 +145,42 @@ async def test_a_read_of_large_batches_is_acted_on_in_steps(node: Node, server: 
                 await anyio.lowlevel.checkpoint()
                 seen.append(len(handled))
 
-        payloads = [b"%d" % i for i in range(count)]
-        data = b"".join(
-            encode_publish_batch([("f", p, None) for p in payloads[start : start + 4096]])
-            for start in range(0, count, 4096)
-        )
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
                 await watching.wait()
                 await client.stream.send(data)
-        steps = [b - a for a, b in itertools.pairwise([0, *seen])]
-        assert max(steps) <= 2 * STEP_MESSAGES  # as above: trio may run the reader twice
-        assert handled == payloads
     finally:
         await client.stream.aclose()
+    steps = [b - a for a, b in itertools.pairwise([0, *seen])]
+    return handled, max(steps)
+
+
+async def test_a_flood_of_small_frames_lets_others_run_between_slices(
+    node: Node, server: Server
+) -> None:
+    """Thousands of one-message PUBLISH frames in one write are decoded and acted on a
+    slice at a time: another task runs between slices, so one client cannot hold the
+    event loop for the whole of a large read (on trio as on asyncio's callbacks)."""
+    count = 5000
+    handled, most = await steps_of(node, server, encode_publish("f", b"") * count, count)
+    assert len(handled) == count
+    assert most <= 2 * FRAME_SLICE
+
+
+async def test_a_read_of_large_batches_is_acted_on_in_steps(node: Node, server: Server) -> None:
+    """A few PUBLISH_BATCH frames of thousands of tiny messages each fit in one read;
+    the node publishes at most STEP_MESSAGES of them per step, with other tasks' turns
+    in between (one such read held the loop for about 30 ms), in order, none lost."""
+    count = 4 * BATCH_LIMIT
+    payloads = [b"%d" % i for i in range(count)]
+    data = b"".join(
+        encode_publish_batch([("f", p, None) for p in payloads[start : start + BATCH_LIMIT]])
+        for start in range(0, count, BATCH_LIMIT)
+    )
+    handled, most = await steps_of(node, server, data, count)
+    assert handled == payloads
+    assert most <= 2 * STEP_MESSAGES
 
 
 async def test_a_batch_over_the_message_limit_closes_only_its_connection(
