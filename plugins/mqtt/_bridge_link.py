@@ -529,6 +529,9 @@ class MqttLink(Link):
             hop_count=hops,
             expires_at=now + ttl if ttl else None,
             retain=packet.retain,
+            # DUP: the broker saw no PUBACK for it, so it may be here already (see
+            # meshbus.plugins.guaranteed._link_ingress: a second copy keeps the flag).
+            redelivered=bool(packet.qos) and packet.duplicate,
         )
 
     async def _spool(self, message: Message) -> None:
