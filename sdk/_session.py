@@ -310,12 +310,25 @@ class Session:
             are over the :data:`~meshbus.HEADER_LIMITS`; nothing was stored.
         :raises ConfigurationError: no plugin provides guaranteed messaging.
         """
+        await self._send(
+            topic,
+            payload,
+            _send_options(persistent, headers, ttl, eliding_eligible, reply_to, correlation_id),
+            retain,
+        )
+
+    async def _send(
+        self,
+        topic: str,
+        payload: bytes | bytearray | memoryview | str,
+        options: dict[str, Any],
+        retain: bool,
+    ) -> None:
+        """:meth:`send` with its options made (a transport adds ``redelivered``: see
+        :meth:`_send_again`)."""
         if topic not in self._admitted:
             self._admit(topic)
         body = as_bytes(payload)
-        options = _send_options(
-            persistent, headers, ttl, eliding_eligible, reply_to, correlation_id
-        )
         if not retain:
             await self.node.guaranteed.send(self, topic, body, options)
             return
@@ -324,14 +337,15 @@ class Session:
         options["retain"] = True
         await self.node.guaranteed.send(self, topic, body, options)
         now = self._time()
+        ttl = options["ttl"]
         message = Message(
             topic,
             body,
-            DeliveryMode.PERSISTENT if persistent else DeliveryMode.NON_PERSISTENT,
+            DeliveryMode.PERSISTENT if options["persistent"] else DeliveryMode.NON_PERSISTENT,
             options["headers"],
-            eliding_eligible,
-            reply_to,
-            correlation_id,
+            options["eliding_eligible"],
+            options["reply_to"],
+            options["correlation_id"],
             sender=self.client_name,
             timestamp=now,
             expires_at=now + ttl if ttl else None,
@@ -400,6 +414,35 @@ class Session:
             as_bytes(payload),
             _send_options(persistent, headers, ttl, False, reply_to, correlation_id),
         )
+
+    async def _send_again(
+        self,
+        topic: str | None,
+        queue: str | None,
+        payload: bytes,
+        *,
+        persistent: bool = True,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+        eliding_eligible: bool = False,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+        retain: bool = False,
+    ) -> None:
+        """A send made again by a remote client that got no answer to it (its connection
+        ended): :meth:`send` to ``topic``, or :meth:`send_to_queue` to ``queue``, stored
+        flagged ``redelivered``, since the node may hold it already (SPEC 4: nothing is
+        delivered twice without the flag)."""
+        options = _send_options(
+            persistent, headers, ttl, eliding_eligible, reply_to, correlation_id
+        )
+        options["redelivered"] = True
+        if queue is None:
+            assert topic is not None
+            await self._send(topic, payload, options, retain)
+        else:
+            self._check_open()
+            await self.node.guaranteed.send_to_queue(self, queue, payload, options)
 
     async def bind(self, queue: str, *, window: int = 255) -> Flow:
         """Bind a consumer flow to a queue; use it with ``async with`` / ``async for``.

@@ -258,6 +258,11 @@ class RemoteSession(SessionCalls):
                 request.result = {}
                 request.done.set()
             else:  # guaranteed sends, binds and requests in flight: again, with new ids
+                kind, header, payload = request.frame
+                if kind == K.SEND and request.sent:
+                    # The node may have stored it and its answer be what was lost: the
+                    # copy it stores now is flagged (SPEC 4: never twice without the flag).
+                    request.frame = (kind, {**header, "rd": True}, payload)
                 self._send_request(request)
 
     # --- the connection's tasks ---------------------------------------------------------
@@ -480,6 +485,7 @@ class RemoteSession(SessionCalls):
         if self._connected and self._protocol is not None:
             self._encode_pending()  # keep the order the application made its calls in
             self._protocol.send(kind, {**header, "id": request_id}, payload)
+            request.sent = True
             self._kick.set()
         return request_id
 

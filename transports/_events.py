@@ -472,6 +472,8 @@ _SEND_OPTIONS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "r": (str, "reply_to must be a string"),
     "c": (str, "correlation_id must be a string"),
     "rt": (bool, "retain must be a boolean"),
+    # Sent again by a client that got no answer (the connection ended): may be here.
+    "rd": (bool, "redelivered must be a boolean"),
     # On links, a message keeps what it is (SPEC 7).
     "s": (str, "sender must be a string"),
     "t": ((int, float), "timestamp must be a number"),

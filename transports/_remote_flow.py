@@ -25,7 +25,7 @@ K = FrameKind
 class Request:
     """A frame sent to the node and, once it answers, the answer."""
 
-    __slots__ = ("body", "deferred", "done", "flow", "frame", "result")
+    __slots__ = ("body", "deferred", "done", "flow", "frame", "result", "sent")
 
     def __init__(
         self,
@@ -44,6 +44,8 @@ class Request:
         self.result: dict[str, Any] | MeshbusError | None = None
         #: The answer's payload (a service call's body).
         self.body = b""
+        #: Given to a connection (which may have written it before it ended).
+        self.sent = False
 
 
 class RemoteFlow(Flow):

@@ -430,6 +430,12 @@ class ServedSession:
         session = self.session
         send, payload = batch[0]
         options = _send_options(send)
+        if options.pop("redelivered", False):  # sent again: the node may hold it already
+            if send.queue is not None:
+                options.pop("eliding_eligible", None)
+                options.pop("retain", None)
+            await session._send_again(send.topic, send.queue, payload, **options)
+            return [None]
         if send.queue is not None:
             options.pop("eliding_eligible", None)
             options.pop("retain", None)
@@ -615,6 +621,7 @@ _OPTION_NAMES = (
     ("r", "reply_to"),
     ("c", "correlation_id"),
     ("rt", "retain"),
+    ("rd", "redelivered"),
 )
 
 

@@ -346,6 +346,7 @@ class GuaranteedService(GuaranteedMessaging):
             origin=origin,
             expires_at=now + ttl if ttl else None,
             retain=options.get("retain", False),
+            redelivered=options.get("redelivered", False),
         )
         session.vpn.dispatch(
             Envelope(message, session, endpoints_of(accepted), _mode(options)),
@@ -684,6 +685,8 @@ def _with_meta(
 ) -> dict[str, Any]:
     meta = message_meta(session.client_name, options["reply_to"], options["correlation_id"])
     meta["origin"] = list(origin)
+    if options.get("redelivered"):  # sent again: its queues deliver it flagged
+        meta["redelivered"] = True
     return {**options, "headers": {**options["headers"], META_HEADER: meta}}
 
 

@@ -169,3 +169,38 @@ async def test_every_receive_of_a_memory_stream_lets_other_tasks_run() -> None:
     # The other task ran between the pieces: it saw at least three counts of the four
     # it could (trio picks the order of the tasks of a turn, so not always the same).
     assert len(set(turns) & {0, 1, 2, 3}) >= 3
+
+
+@pytest.mark.parametrize("to", ["topic", "queue"])
+async def test_a_send_whose_answer_was_lost_comes_again_flagged(
+    node: Node, network: MemoryNetwork, clock: ManualClock, to: str
+) -> None:
+    """The node stored a send, and its OK was lost with the connection: the session
+    sends it again once back, as it must (at least once), and the node cannot know it
+    has it. So the second copy is stored flagged ``redelivered`` (SPEC 4: nothing is
+    delivered twice without the flag); a send the node never saw is not flagged."""
+    queue = node.guaranteed.create_queue("q", subscriptions=["g/>"])
+    async with connect(
+        network.connectable("b", source="a"), clock=clock, backoff=steady()
+    ) as remote:
+        await remote.send("g/1", b"first")
+        network.delay("a", "b", 1.0)
+        async with anyio.create_task_group() as tg:
+            if to == "topic":
+                tg.start_soon(remote.send, "g/2", b"answer lost")
+            else:
+                tg.start_soon(remote.send_to_queue, "q", b"answer lost")
+            await clock.run(1.5)  # the node has it; its OK is on the way
+            assert queue.usage()[0] == 2
+            network.cut("a", "b")
+            network.heal("a", "b")
+            await clock.run(5.0)  # reconnected, sent again, answered
+        await remote.send("g/3", b"after")
+    flow = await node.connect(client_name="consumer").bind("q")
+    got = [await flow.receive() for _ in range(queue.usage()[0])]
+    assert [(m.payload, m.redelivered) for m in got] == [
+        (b"first", False),
+        (b"answer lost", False),
+        (b"answer lost", True),
+        (b"after", False),
+    ]
