@@ -32,7 +32,7 @@ def link_send_header(message: Message, now: float) -> dict[str, Any]:
     return header
 
 
-_SEND_KEYS = frozenset({"h", "e", "r", "c", "o", "hc", "x", "rt"})
+_SEND_KEYS = frozenset({"h", "e", "r", "c", "o", "hc", "x", "rt", "rd"})
 
 
 def sent_message(send: ev.Send, payload: bytes, now: float) -> Message:

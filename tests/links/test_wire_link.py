@@ -210,6 +210,12 @@ async def test_a_guaranteed_send_over_a_link_is_answered_once_spooled(mesh: Mesh
     with pytest.raises(PublishRejectedError):
         await link.send_guaranteed(too_large)
     assert queue_depth(a, "in") == 1
+    # A message flagged redelivered (it may be there already) keeps the flag.
+    again = Message("in/3", b"again", DeliveryMode.PERSISTENT, origin=("b", 9), redelivered=True)
+    await link.send_guaranteed(again)
+    flow.ack(got)
+    got = await flow.receive()
+    assert (got.payload, got.redelivered) == (b"again", True)
 
 
 async def test_a_stopped_link_leaves_its_vpn(mesh: Mesh) -> None:
