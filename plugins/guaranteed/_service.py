@@ -587,6 +587,12 @@ class GuaranteedService(GuaranteedMessaging):
             for record, queues in batch:  # the store counts them from the put on
                 for queue in queues:
                     queue.unreserve(len(record.payload))
+            if any(queue.deleted for _, queues in batch for queue in queues):
+                # Deleted since they matched: its references would outlive it in the
+                # store, and a new queue of the same name would find them there.
+                batch = _without_deleted(batch)
+                if not batch:
+                    continue
             try:
                 await self.store.put_many([record for record, _ in batch])
             except Exception:
@@ -674,6 +680,20 @@ class GuaranteedService(GuaranteedMessaging):
 
 
 _DIRECT = DeliveryMode.DIRECT
+
+
+def _without_deleted(
+    batch: list[tuple[NewMessage, list[Queue]]],
+) -> list[tuple[NewMessage, list[Queue]]]:
+    """``batch`` without its references to deleted queues (and records left with none)."""
+    kept = []
+    for record, queues in batch:
+        live = [queue for queue in queues if not queue.deleted]
+        if len(live) == len(queues):
+            kept.append((record, queues))
+        elif live:
+            kept.append((attrs.evolve(record, endpoints=endpoints_of(live)), live))
+    return kept
 
 
 def _mode(options: Mapping[str, Any]) -> DeliveryMode:

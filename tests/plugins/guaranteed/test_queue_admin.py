@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from meshbus import ConfigurationError, Node, PublishRejectedError, StateError
@@ -104,3 +105,24 @@ async def test_enable_queue_takes_booleans_only() -> None:
             node.guaranteed.enable_queue("q", ingress="no")  # type: ignore[arg-type]
         with pytest.raises(StateError):
             node.guaranteed.enable_queue("missing", egress=True)
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_direct_messages_on_their_way_to_a_deleted_queue_do_not_outlive_it(
+    tmp_path: Path, durable: bool
+) -> None:
+    """Direct messages matching a queue wait a moment to be spooled together; a queue
+    deleted meanwhile must not get them in the store, where a new queue of the same
+    name found them (an MQTT client's next session got an old session's messages)."""
+    async with Node(name="a", data_dir=tmp_path if durable else None) as node:
+        guaranteed = node.guaranteed
+        guaranteed.create_queue("q", subscriptions=["u/>"])
+        session = node.connect()
+        session.publish("u/a", b"1")
+        await anyio.lowlevel.checkpoint()
+        session.publish("u/a", b"2")
+        await guaranteed.delete_queue("q")
+        for _ in range(20):  # let the spooling of what was on its way finish
+            await anyio.lowlevel.checkpoint()
+        again = guaranteed.create_queue("q")
+        assert again.usage() == (0, 0)
