@@ -293,6 +293,8 @@ class MqttConnection(Subscribing, Delivering):
             if will is not None and (connect.clean_start or not will.will_delay_interval):
                 assert self.session is not None
                 await self._send_will(self.session, will)
+            # Its end may have ended the session too (one that did not outlive it).
+            state = registry.get(vpn, self.client_id)
         if state is not None and connect.clean_start:
             await registry.discard(state)
             state = None
@@ -582,7 +584,10 @@ class MqttConnection(Subscribing, Delivering):
         """The client's PUBACK: the message it acknowledges leaves the queue."""
         message = self._inflight.pop(packet.packet_id, None)
         if message is not None and self.flow is not None:
-            self.flow.ack(message)
+            # Gone from the flow meanwhile (its session's queue was deleted while a
+            # new connection took the client id over): a late PUBACK, nothing to do.
+            with suppress(StateError):
+                self.flow.ack(message)
 
     async def _control(self, packet: Any) -> None:
         kind = type(packet)

@@ -108,15 +108,21 @@ class SessionRegistry:
                     "queue %r of MQTT client %r not deleted: %s", queue, session.client_id, exc
                 )
 
-    def ensure_queue(self, session: MqttSession, max_messages: int) -> str:
+    async def ensure_queue(self, session: MqttSession, max_messages: int) -> str:
         """The session's queue, made when its first QoS 1 subscription comes."""
         if session.queue is None:
             name = queue_name(session.client_id)
             service: Any = self.node.guaranteed
-            # One left from before with other settings is taken as it is.
-            with contextlib.suppress(StateError):
-                service.create_queue(name, vpn=session.vpn, max_messages=max_messages)
+            try:
+                queue = service.create_queue(name, vpn=session.vpn, max_messages=max_messages)
+            except StateError:  # one this node made before, with other settings
+                queue = service.queue(name, vpn=session.vpn)
             session.queue = name
+            if queue.usage()[0]:
+                # Left by a session this node no longer has (it restarted, or stopped
+                # before it could delete it; CONNACK said no session was present):
+                # nothing in it is for this one.
+                await service.purge_queue(name, vpn=session.vpn)
         return session.queue
 
     def expire_later(self, session: MqttSession) -> None:

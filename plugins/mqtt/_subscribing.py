@@ -104,7 +104,7 @@ class Subscribing(Parts):
         old = state.subscriptions.get(sub.mqtt_filter)
         if sub.queued:
             registry = self.listener.registry
-            queue = registry.ensure_queue(state, self.settings.max_queued_messages)
+            queue = await registry.ensure_queue(state, self.settings.max_queued_messages)
             service: Any = self.node.guaranteed
             for each in sub.filters:
                 session.check_subscribe_acl(each)
@@ -119,13 +119,23 @@ class Subscribing(Parts):
         state.subscriptions[sub.mqtt_filter] = sub
 
     def _remove(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
+        """Take back the meshbus subscriptions of ``sub`` that no other subscription of
+        the session needs: ``t/a/#`` is ``t/a`` and ``t/a/>``, and ``t/a`` may be
+        subscribed on its own too."""
+        needed = {
+            each
+            for other in state.subscriptions.values()
+            if other is not sub and other.queued == sub.queued
+            for each in other.filters
+        }
+        filters = [each for each in sub.filters if each not in needed]
         if sub.queued:
             if state.queue is not None:
                 service: Any = self.node.guaranteed
-                for each in sub.filters:
+                for each in filters:
                     service.remove_subscription(state.queue, each, vpn=state.vpn)
         else:
-            for each in sub.filters:
+            for each in filters:
                 session.unsubscribe(each)
 
     async def _unsubscribe(self, packet: UnsubscribePacket) -> None:

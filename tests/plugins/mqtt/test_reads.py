@@ -251,3 +251,27 @@ async def test_a_flood_of_small_publishes_lets_others_run_between_slices(
         steps = [b - a for a, b in itertools.pairwise([before, *seen])]
         # Trio may run the reader twice in one scheduling batch before the watcher.
         assert max(steps) <= 2 * READ_SLICE
+
+
+async def test_a_late_puback_for_a_message_its_flow_gave_back_is_ignored(
+    listener: MqttListener,
+) -> None:
+    """A PUBACK can come after the session's queue was deleted under the connection (a
+    new connection took the client id over with a clean start): the message is no
+    longer the flow's. Found by the MQTT chaos test, where the StateError of the ack
+    ended the whole listener."""
+    client = await login(listener.port)
+    async with client.stream:
+        wanted = TopicFilter("t/#", max_qos=mqtt5.QoS.AT_LEAST_ONCE)
+        await client.stream.send(mqtt5.SubscribePacket(1, [wanted]).write())
+        await client.read_until(lambda: any(type(p) is mqtt5.SubAckPacket for p in client.packets))
+        await listener.node.connect().send("t/a", b"x")
+        await client.read_until(client.payloads)
+        [publish] = [p for p in client.packets if type(p) is mqtt5.PublishPacket]
+        state = listener.registry.get(listener.settings.vpn, "hostile")
+        assert state is not None
+        assert state.connection is not None
+        connection = state.connection
+        assert connection.flow is not None
+        connection.flow.detach()  # what deleting the queue does to it
+        connection._acked(mqtt5.PubAckPacket(publish.packet_id))
