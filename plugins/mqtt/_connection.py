@@ -583,6 +583,8 @@ class MqttConnection(Subscribing, Delivering):
     def _acked(self, packet: PubAckPacket) -> None:
         """The client's PUBACK: the message it acknowledges leaves the queue."""
         message = self._inflight.pop(packet.packet_id, None)
+        if message is not None and self.state is not None and message.message_id is not None:
+            self.state.release_id(message.message_id)
         if message is not None and self.flow is not None:
             # Gone from the flow meanwhile (its session's queue was deleted while a
             # new connection took the client id over): a late PUBACK, nothing to do.

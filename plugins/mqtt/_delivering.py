@@ -213,16 +213,28 @@ class Delivering(Parts):
         not sent (no-local, too large); a QoS 1 one waits for its PUBACK in flight."""
         if self._special and self._skip(message):
             flow.ack(message)
+            if self.state is not None and message.message_id is not None:
+                self.state.release_id(message.message_id)  # (sent before, maybe)
             return None
         if message.delivery_mode is _PERSISTENT:
-            packet_id = self._packet_id()
+            state = self.state
+            spool_id = message.message_id
+            packet_id = None
+            if state is not None and spool_id is not None:
+                packet_id = state.packet_ids.get(spool_id)  # sent before: the same id
+            if packet_id is None or packet_id in self._inflight:
+                packet_id = self._packet_id()
             data = self._encode(message, 1, packet_id, self._retain_flag(message))
             limit = self.client_max_packet
             if limit is not None and len(data) > limit:
                 self.listener.too_large += 1
                 flow.ack(message)
+                if state is not None and spool_id is not None:
+                    state.release_id(spool_id)
                 return None
             self._inflight[packet_id] = message
+            if state is not None and spool_id is not None:
+                state.keep_id(spool_id, packet_id)
             return data
         # a QoS 0 (or non-persistent) message matching a QoS 1 subscription
         data = self._encode(message, 0, None, self._retain_flag(message))
@@ -230,8 +242,11 @@ class Delivering(Parts):
         return data
 
     def _packet_id(self) -> int:
+        """A packet id neither in flight nor kept by the session for a message that
+        may come again (at most 65,535 are: a session's window is smaller)."""
         inflight = self._inflight
+        reserved = self.state.reserved_ids if self.state is not None else ()
         while True:
             self._next_id = self._next_id % 65535 + 1
-            if self._next_id not in inflight:
+            if self._next_id not in inflight and self._next_id not in reserved:
                 return self._next_id

@@ -72,6 +72,24 @@ class MqttSession:
         self.queue: str | None = None
         self.connection: MqttConnection | None = None
         self.generation = 0  # bumped at each connection: timers of an older one stand down
+        #: The packet id each queued message was sent with and is not acknowledged yet
+        #: (by spool id): sent again on a later connection, it keeps it (MQTT-4.4.0-1).
+        self.packet_ids: dict[int, int] = {}
+        self.reserved_ids: set[int] = set()  # the values of packet_ids
+
+    def keep_id(self, spool_id: int, packet_id: int) -> None:
+        """``spool_id`` went out as ``packet_id``: until it is acknowledged, it keeps it."""
+        old = self.packet_ids.get(spool_id)
+        if old is not None:
+            self.reserved_ids.discard(old)
+        self.packet_ids[spool_id] = packet_id
+        self.reserved_ids.add(packet_id)
+
+    def release_id(self, spool_id: int) -> None:
+        """``spool_id`` is settled: its packet id is free again."""
+        packet_id = self.packet_ids.pop(spool_id, None)
+        if packet_id is not None:
+            self.reserved_ids.discard(packet_id)
 
     def __repr__(self) -> str:
         return f"<MqttSession {self.client_id!r} vpn={self.vpn!r}>"
