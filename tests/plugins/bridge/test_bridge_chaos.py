@@ -47,6 +47,8 @@ from meshbus.abc import Flow
 from meshbus.plugins.bridge import Bridge, BridgeSettings, open_bridge
 from meshbus.transports import Backoff
 from meshbus.transports.testing import Mesh
+from tests.network_faults import KINDS as FAULTS
+from tests.network_faults import LinkFaults
 
 # Every test here fails today, on two open defects its last two tests show (a pulled
 # guaranteed message dropped as a duplicate of its own direct copy; a guaranteed message
@@ -122,9 +124,7 @@ class Chaos:
         self.copies: dict[bytes, int] = defaultdict(int)
         # Direct deliveries each reader got: (reader, incarnation) -> messages in order.
         self.got: dict[tuple[str, int], list[Message]] = defaultdict(list)
-        self.partitioned: set[tuple[str, str]] = set()
-        self.lossy: set[tuple[str, str]] = set()
-        self.delayed: set[tuple[str, str]] = set()
+        self.faults = LinkFaults(mesh.network)
         self.paused = False
         self.resumed = anyio.Event()
         self.resumed.set()
@@ -239,7 +239,7 @@ class Chaos:
         elif kind == "delay":
             args = (*self._pair(), rng.choice([0.05, 0.3, 1.5]))
         elif kind == "heal":
-            broken = sorted(self.partitioned | self.lossy | self.delayed)
+            broken = self.faults.broken()
             args = rng.choice(broken) if broken else ()
         elif kind == "stop":  # a, whose Q holds what waits (all at risk), less often
             stoppable = [n for n in ("a", "b", "b", "c", "c") if n in self.live]
@@ -280,7 +280,6 @@ class Chaos:
         return True
 
     async def _act(self, kind: str, args: tuple[Any, ...]) -> None:
-        net = self.mesh.network
         if kind == "send":
             await self.send()
         elif kind == "burst":  # several on their way at once: more than a window
@@ -290,24 +289,11 @@ class Chaos:
             payload = self._payload("d", args[0])
             self.steps.append(f"publish {payload.decode()}")
             self.publishers[args[0]].publish(f"d/{args[0]}", payload)
-        elif kind == "cut":
-            self.steps.append("cut {} {}".format(*args))
-            net.cut(*args)
-        elif kind == "partition":
-            self.steps.append("partition {} {}".format(*args))
-            self.partitioned.add(args)
-            net.partition(*args)
-        elif kind == "half-open":
-            self.steps.append("half-open {} {}".format(*args))
-            self.lossy.add(args)
-            net.half_open(*args)
-        elif kind == "delay":
-            self.steps.append("delay {} {} {}".format(*args))
-            self.delayed.add(args[:2])
-            net.delay(*args)
+        elif kind in FAULTS:
+            self.steps.append(self.faults.apply(kind, args))
         elif kind == "heal":
             self.steps.append("heal {} {}".format(*args))
-            self.heal(*args)
+            self.faults.heal(*args)
         elif kind == "stop":
             self.steps.append(f"stop {args[0]}")
             await self.stop(args[0])
@@ -323,18 +309,6 @@ class Chaos:
         else:
             self.steps.append(f"run {args[0]}")
             await self.mesh.clock.run(args[0])
-
-    def heal(self, a: str, b: str) -> None:
-        net = self.mesh.network
-        net.heal(a, b)
-        if (a, b) in self.lossy:
-            # Healing a half-open path does not bring back what it lost: a real stream
-            # would never go on after a hole. Its connections end (as keepalive would
-            # end them); new ones work.
-            net.cut(a, b)
-        self.partitioned.discard((a, b))
-        self.lossy.discard((a, b))
-        self.delayed.discard((a, b))
 
     def pause(self, paused: bool) -> None:
         """Stop the consumer of L from taking more (L fills to its quota: ``b`` refuses
@@ -372,8 +346,7 @@ class Chaos:
         await self.mesh.stop(name)
 
     async def heal_everything(self) -> None:
-        for a, b in sorted(self.partitioned | self.lossy | self.delayed):
-            self.heal(a, b)
+        self.faults.heal_all()
         self.pause(False)
         for name in NAMES:
             if name not in self.mesh.nodes:

@@ -34,6 +34,8 @@ from meshbus.abc import Flow
 from meshbus.plugins.dmr import Dmr, start_dmr
 from meshbus.transports import Backoff
 from meshbus.transports.testing import Mesh
+from tests.network_faults import KINDS as FAULTS
+from tests.network_faults import LinkFaults
 
 from ._helpers import settings_for
 
@@ -98,9 +100,7 @@ class Chaos:
         # those of them flagged redelivered (direct copies of guaranteed messages may be).
         self.got: dict[tuple[str, int], list[bytes]] = defaultdict(list)
         self.flagged: dict[tuple[str, int], list[bytes]] = defaultdict(list)
-        self.partitioned: set[tuple[str, str]] = set()
-        self.lossy: set[tuple[str, str]] = set()
-        self.delayed: set[tuple[str, str]] = set()
+        self.faults = LinkFaults(mesh.network)
         self.steps: list[str] = []
         self.actions: list[Action] = []
         self.last_direct: list[bytes] = []  # published once everything healed
@@ -198,7 +198,7 @@ class Chaos:
         elif kind == "delay":
             args = (*self._pair(), rng.choice([0.05, 0.3, 1.5]))
         elif kind == "heal":
-            broken = sorted(self.partitioned | self.lossy | self.delayed)
+            broken = self.faults.broken()
             args = rng.choice(broken) if broken else ()
         elif kind == "stop":
             stoppable = [n for n in self.live if n != Q]
@@ -231,7 +231,6 @@ class Chaos:
         return not (kind == "restart" and args[0] in live)
 
     async def _act(self, kind: str, args: tuple[Any, ...]) -> None:
-        net = self.mesh.network
         if kind == "send":
             await self.send(args[0])
         elif kind == "burst":  # several on their way at once
@@ -241,24 +240,11 @@ class Chaos:
             payload = self._payload("d", args[0])
             self.steps.append(f"publish {payload.decode()}")
             self.publishers[args[0]].publish(f"d/{args[0]}", payload)
-        elif kind == "cut":
-            self.steps.append("cut {} {}".format(*args))
-            net.cut(*args)
-        elif kind == "partition":
-            self.steps.append("partition {} {}".format(*args))
-            self.partitioned.add(args)
-            net.partition(*args)
-        elif kind == "half-open":
-            self.steps.append("half-open {} {}".format(*args))
-            self.lossy.add(args)
-            net.half_open(*args)
-        elif kind == "delay":
-            self.steps.append("delay {} {} {}".format(*args))
-            self.delayed.add(args[:2])
-            net.delay(*args)
+        elif kind in FAULTS:
+            self.steps.append(self.faults.apply(kind, args))
         elif kind == "heal":
             self.steps.append("heal {} {}".format(*args))
-            self.heal(*args)
+            self.faults.heal(*args)
         elif kind == "stop":
             self.steps.append(f"stop {args[0]}")
             await self.stop(args[0])
@@ -268,18 +254,6 @@ class Chaos:
         else:
             self.steps.append(f"run {args[0]}")
             await self.mesh.clock.run(args[0])
-
-    def heal(self, a: str, b: str) -> None:
-        net = self.mesh.network
-        net.heal(a, b)
-        if (a, b) in self.lossy:
-            # Healing a half-open path does not bring back what it lost: a real stream
-            # would never go on after a hole. Its connections end (as keepalive would
-            # end them); new ones work.
-            net.cut(a, b)
-        self.partitioned.discard((a, b))
-        self.lossy.discard((a, b))
-        self.delayed.discard((a, b))
 
     async def stop(self, name: str) -> None:
         await self.mesh.clock.settle()
@@ -300,8 +274,7 @@ class Chaos:
         self._sessions(name)
 
     async def heal_everything(self) -> None:
-        for a, b in sorted(self.partitioned | self.lossy | self.delayed):
-            self.heal(a, b)
+        self.faults.heal_all()
         for name in self.names:
             if name not in self.mesh.nodes:
                 await self.restart(name)
