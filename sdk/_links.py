@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING
 import anyio
 import attrs
 
+from ._crossing import as_direct, restamped, with_origin
 from ._index import SubscriptionIndex
-from ._messages import Envelope, Message
-from ._origins import OriginFilter
+from ._messages import DeliveryMode, Envelope, Message
+from ._origins import COPY_SEEN, NEW, SEEN, OriginFilter
 from ._stash import Stash
 from ._stats import LatencyHistogram
 from ._topics import (
@@ -52,8 +53,6 @@ from .errors import (
     PublishRejectedError,
     StateError,
 )
-
-_new = object.__new__
 
 if TYPE_CHECKING:
     from ._acl import AclChecker
@@ -177,6 +176,7 @@ class LinkPipeline:
 
 
 _LINK_TYPES: set[type] = set()  # every subclass of Link, for a quick "is it a link?"
+_DIRECT = DeliveryMode.DIRECT
 
 
 class Link(ABC):
@@ -444,13 +444,61 @@ class Link(ABC):
                 return None
         self.forwarded += 1
         out = envelope.message
+        if out.origin is not None and self.dedup:
+            # It leaves this VPN, maybe long after it came: should a loop of links bring
+            # it, or its direct copy, back while the peer holds it, or for a window
+            # after the peer took it, it is a duplicate here (see settled()).
+            self.vpn.links.origins.hold(out.origin)
         if envelope.hop_count != out.hop_count:
             out = restamped(out, out.origin, envelope.hop_count)
         return out
 
+    def settled(self, message: Message) -> None:
+        """The peer took ``message``, which :meth:`outgoing` let out (or it went back to
+        its queue): its origin is remembered from now, for a window. The peer may have
+        held it for long before it took it (a full queue there), and its direct copy,
+        delivered there now, may come back."""
+        if message.origin is not None and self.dedup:
+            self.vpn.links.origins.release(message.origin)
+
     def _admit(self, envelope: Envelope) -> bool:
-        """The ingress path shared by direct and guaranteed messages: the stages, the
-        peer's publish rules, then de-duplication. Return whether the message goes on."""
+        """The ingress path of a direct message (or the direct copy of a guaranteed one):
+        :meth:`_passes`, then de-duplication. Return whether the message goes on."""
+        if not self._passes(envelope):
+            return False
+        # Last: a copy dropped above (one that came the long way round, over the hop
+        # limit, or over a link whose peer may not publish it) must not be remembered,
+        # or the copy that comes the short way would be taken for a duplicate.
+        if self.dedup:
+            origin = envelope.message.origin
+            if origin is not None and (
+                self._seen(origin)
+                if envelope.mode is _DIRECT
+                else self.vpn.links.origins.check_copy(origin)
+            ):
+                self.dropped["duplicate"] = self.dropped.get("duplicate", 0) + 1
+                return False
+        return True
+
+    def _admit_guaranteed(self, envelope: Envelope) -> int | None:
+        """The ingress path of a guaranteed message: :meth:`_passes`, then
+        de-duplication. Return ``None`` when it does not go on, else what the VPN's
+        origin filter knew of it: ``NEW``, or ``COPY_SEEN`` when only its direct copy
+        was here before (client subscriptions had it: it is spooled, and that is all)."""
+        if not self._passes(envelope):
+            return None
+        origin = envelope.message.origin
+        if not self.dedup or origin is None:
+            return NEW
+        seen = self.vpn.links.origins.check_guaranteed(origin)
+        if seen == SEEN:
+            self.dropped["duplicate"] = self.dropped.get("duplicate", 0) + 1
+            return None
+        return seen
+
+    def _passes(self, envelope: Envelope) -> bool:
+        """The ingress stages, then the peer's publish rules: whether the message may
+        come in (counted by reason when not)."""
         for stage, reason in self._ingress:
             if not stage(envelope):
                 if reason:
@@ -474,20 +522,23 @@ class Link(ABC):
             if len(self._admitted) >= 4096:
                 self._admitted.clear()
             self._admitted[topic] = None
-        # Last: a copy dropped above (one that came the long way round, over the hop
-        # limit, or over a link whose peer may not publish it) must not be remembered,
-        # or the copy that comes the short way would be taken for a duplicate.
-        if self.dedup:
-            origin = envelope.message.origin
-            if origin is not None and self._seen(origin):
-                self.dropped["duplicate"] = self.dropped.get("duplicate", 0) + 1
-                return False
         return True
 
-    def receive(self, message: Message) -> bool:
+    def receive(self, message: Message, mode: DeliveryMode | None = None) -> bool:
         """A direct message came in over the link: route it in the local VPN (never back
-        over this link). Return whether it was taken (not dropped by a stage)."""
-        envelope = Envelope(message, self)
+        over this link). Return whether it was taken (not dropped by a stage).
+
+        :param mode: what it really is: a guaranteed mode for the direct copy of a
+            guaranteed message (SPEC 4), which client subscriptions get but endpoints
+            do not (they get the message itself, over a flow). By default its own
+            delivery mode, which a wire link carries so (:func:`as_direct` makes it
+            the direct message routed here).
+        """
+        if mode is None:
+            mode = message.delivery_mode
+            if mode is not _DIRECT:
+                message = as_direct(message)
+        envelope = Envelope(message, self, mode=mode)
         if not self._admit(envelope):
             return False
         self.received += 1
@@ -505,16 +556,17 @@ class Link(ABC):
             nothing was kept, and the peer must send it again later.
         """
         envelope = Envelope(message, self, mode=message.delivery_mode)
-        if not self._admit(envelope):
+        seen = self._admit_guaranteed(envelope)
+        if seen is None:
             return False
+        message = envelope.message
         try:
-            await self.vpn.node.guaranteed.spool_from_link(self, envelope.message)
+            await self.vpn.node.guaranteed.spool_from_link(
+                self, message, delivered=seen == COPY_SEEN
+            )
         except BaseException:
             self.receive_failures += 1
-            origin = message.origin
-            if self.dedup and origin is not None:
-                # Nothing was kept: the copy the peer sends again is no duplicate.
-                self.vpn.links.origins.forget(origin)
+            self._forget(((message, seen),))
             raise
         self.received += 1
         return True
@@ -529,11 +581,12 @@ class Link(ABC):
         ones spooled and the ones a stage dropped), and the refusal that stopped the
         rest (``None`` when none was refused); the peer offers those again later."""
         taken: list[int] = []
-        admitted: list[tuple[int, Message]] = []
+        admitted: list[tuple[int, Message, int]] = []
         for position, message in enumerate(messages):
             envelope = Envelope(message, self, mode=message.delivery_mode)
-            if self._admit(envelope):
-                admitted.append((position, envelope.message))
+            seen = self._admit_guaranteed(envelope)
+            if seen is not None:
+                admitted.append((position, envelope.message, seen))
             else:
                 taken.append(position)
         if not admitted:
@@ -541,29 +594,31 @@ class Link(ABC):
         guaranteed = self.vpn.node.guaranteed
         try:
             spooled, refusal = await guaranteed.spool_many_from_link(
-                self, [message for _, message in admitted]
+                self,
+                [message for _, message, _ in admitted],
+                delivered=[seen == COPY_SEEN for _, _, seen in admitted],
             )
         except BaseException:
             self.receive_failures += 1
-            self._forget(message for _, message in admitted)
+            self._forget((message, seen) for _, message, seen in admitted)
             raise
         self.received += len(spooled)
-        taken.extend(position for position, _ in admitted[: len(spooled)])
+        taken.extend(position for position, _, _ in admitted[: len(spooled)])
         if refusal is not None:
             self.receive_failures += 1
-            self._forget(message for _, message in admitted[len(spooled) :])
+            self._forget((message, seen) for _, message, seen in admitted[len(spooled) :])
         taken.sort()
         return taken, refusal
 
-    def _forget(self, messages: Iterable[Message]) -> None:
-        """Nothing was kept of ``messages``: the copies the peer sends again are no
-        duplicates."""
+    def _forget(self, messages: Iterable[tuple[Message, int]]) -> None:
+        """Nothing was kept of ``messages`` (each with what the origin filter knew of
+        it): the copies the peer sends again are no duplicates."""
         if self.dedup:
             forget = self.vpn.links.origins.forget
-            for message in messages:
+            for message, seen in messages:
                 origin = message.origin
                 if origin is not None:
-                    forget(origin)
+                    forget(origin, copy_seen=seen == COPY_SEEN)
 
     def statistics(self) -> LinkStatistics:
         """A snapshot of the link's counters."""
@@ -707,24 +762,3 @@ class LinkRouter:
         for link in list(self._links.values()):
             link.reason = f"VPN {self.vpn.name!r} was removed"
             self.detach(link)
-
-
-def with_origin(message: Message, origin: tuple[str, int]) -> Message:
-    """``message`` with its origin set (the first time it leaves its node)."""
-    return restamped(message, origin, message.hop_count)
-
-
-def restamped(message: Message, origin: tuple[str, int] | None, hop_count: int) -> Message:
-    """``message`` with another origin and hop count (what crossing a link changes)."""
-    # Slot by slot (not make_message): it runs for every message crossing a link. The
-    # options and the size are the same.
-    new: Message = _new(Message)
-    new.topic = message.topic  # type: ignore[misc]
-    new.payload = message.payload  # type: ignore[misc]
-    new.sender = message.sender  # type: ignore[misc]
-    new.timestamp = message.timestamp  # type: ignore[misc]
-    new.options = message.options  # type: ignore[misc]
-    new.origin = origin  # type: ignore[misc]
-    new.hop_count = hop_count  # type: ignore[misc]
-    new.size = message.size  # type: ignore[misc]
-    return new

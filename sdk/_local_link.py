@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._links import Link, LinkState, restamped
+from ._crossing import restamped
+from ._links import Link, LinkState
 from ._messages import Envelope
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class LocalLink(Link):
         message = envelope.message
         if envelope.hop_count != message.hop_count:
             message = restamped(message, message.origin, envelope.hop_count)
-        peer.receive(message)
+        peer.receive(message, envelope.mode)
         return True
 
     def stop(self, reason: str = "stopped") -> None:

@@ -7,7 +7,12 @@ from collections.abc import Callable
 
 from .errors import ConfigurationError
 
-__all__ = ["OriginFilter"]
+__all__ = ["COPY_SEEN", "NEW", "SEEN", "OriginFilter"]
+
+# What OriginFilter.check_guaranteed found (also its class attributes): a message not
+# seen lately, one whose direct copy was delivered here (its endpoints have not had
+# it), one seen whole (a duplicate).
+NEW, COPY_SEEN, SEEN = 0, 1, 2
 
 
 class OriginFilter:
@@ -26,12 +31,22 @@ class OriginFilter:
     ``(node, id)`` pairs: a node numbers its messages in sequence, so the ids of one
     node land next to each other in their set (an int's hash is the int), and the
     sets hold ints, which the garbage collector need not visit.
+
+    A guaranteed message is routed on its node as a direct copy (what client
+    subscriptions get) besides being spooled, and the copy can cross links, reaching a
+    node before the message itself, which a flow brings later. Such a copy is
+    remembered also as *only a copy* (:meth:`check_copy`), so that the message that
+    follows is still spooled there, to its endpoints only (:meth:`check_guaranteed`),
+    however long it took. Until it comes, its copy is remembered: at most half of
+    ``max_entries`` such origins are kept, the oldest let go first.
     """
 
     __slots__ = (
+        "_copies",
         "_count",
         "_current",
         "_half",
+        "_holding",
         "_now",
         "_previous",
         "_previous_count",
@@ -39,6 +54,10 @@ class OriginFilter:
         "max_entries",
         "window",
     )
+
+    NEW = NEW
+    COPY_SEEN = COPY_SEEN
+    SEEN = SEEN
 
     def __init__(
         self, now: Callable[[], float], window: float = 10.0, max_entries: int = 100_000
@@ -54,6 +73,10 @@ class OriginFilter:
         self._count = 0  # origins in the current generation
         self._previous_count = 0
         self._rotate_at = float("inf")  # when the current generation is window seconds old
+        # Origins seen only as the direct copy of a guaranteed message, oldest first.
+        self._copies: dict[tuple[str, int], None] = {}
+        # Origins of messages out over links and not yet taken (see hold), oldest first.
+        self._holding: dict[tuple[str, int], None] = {}
 
     def __len__(self) -> int:
         return self._count + self._previous_count
@@ -66,6 +89,8 @@ class OriginFilter:
             return True
         old = self._previous.get(node)
         if old is not None and number in old:
+            return True
+        if self._holding and origin in self._holding:
             return True
         now = self._now()
         if now >= self._rotate_at or self._count >= self._half:
@@ -84,8 +109,56 @@ class OriginFilter:
         self._count += 1
         return False
 
-    def forget(self, origin: tuple[str, int]) -> None:
-        """Forget ``origin``: the message was refused, and its next copy is not a duplicate."""
+    def check_copy(self, origin: tuple[str, int]) -> bool:
+        """:meth:`check` for the direct copy of a guaranteed message: if it was not
+        seen, remember it as seen only as a copy."""
+        copies = self._copies
+        if origin in copies or self.check(origin):
+            return True
+        copies[origin] = None
+        if len(copies) > self._half:
+            del copies[next(iter(copies))]
+        return False
+
+    def check_guaranteed(self, origin: tuple[str, int]) -> int:
+        """:meth:`check` for a guaranteed message about to be spooled: ``NEW`` (now
+        remembered), ``COPY_SEEN`` (only its direct copy was: now remembered as
+        seen whole; spool it, but deliver no direct copy again) or ``SEEN``.
+
+        Copies are not forgotten with their generation, only for room: the message
+        may wait in a queue far longer than the window before it follows its copy.
+        """
+        if self._copies and self._copies.pop(origin, 0) is None:
+            self.check(origin)
+            return COPY_SEEN
+        return SEEN if self.check(origin) else NEW
+
+    def remember(self, origin: tuple[str, int]) -> None:
+        """Remember ``origin`` as seen now, for a whole window from now, even if it was
+        seen before."""
+        self.forget(origin)
+        self.check(origin)
+
+    def hold(self, origin: tuple[str, int]) -> None:
+        """A message that left over a link and may come back: ``origin`` is seen until
+        :meth:`release`, however long that takes (at most half of ``max_entries`` are
+        held, the oldest let go first: a release that never comes costs nothing more)."""
+        holding = self._holding
+        holding[origin] = None
+        if len(holding) > self._half:
+            del holding[next(iter(holding))]
+
+    def release(self, origin: tuple[str, int]) -> None:
+        """The message of ``origin`` was taken (see :meth:`hold`): remember it from now."""
+        self._holding.pop(origin, None)
+        self.remember(origin)
+
+    def forget(self, origin: tuple[str, int], *, copy_seen: bool = False) -> None:
+        """Forget ``origin``: the message was refused, and its next copy is not a duplicate.
+
+        :param copy_seen: its direct copy was delivered here before (what
+            :meth:`check_guaranteed` said): remember that again.
+        """
         node, number = origin
         for generation in (self._current, self._previous):
             ids = generation.get(node)
@@ -95,3 +168,5 @@ class OriginFilter:
                     self._count -= 1
                 else:
                     self._previous_count -= 1
+        if copy_seen:
+            self.check_copy(origin)

@@ -211,23 +211,34 @@ class GuaranteedMessaging(ABC):
         """Bind a consumer flow to a topic endpoint, giving (or changing) its subscription."""
 
     @abstractmethod
-    async def spool_from_link(self, link: Link, message: Message) -> tuple[str, ...]:
+    async def spool_from_link(
+        self, link: Link, message: Message, *, delivered: bool = False
+    ) -> tuple[str, ...]:
         """Take a guaranteed message that came in over ``link`` (SPEC 7).
 
         Spool it to every endpoint of the link's VPN whose subscriptions match, in one
         commit, or to none: when a matching endpoint cannot take it now, raise
         :class:`~meshbus.errors.PublishRejectedError` and keep nothing (the peer sends it
         again later). Then deliver its direct copy to matching client subscriptions
-        and other links. Return the endpoints that hold it (empty when none matched:
-        the message is dropped as guaranteed, counted ``no_eligible_destination``).
-        Returns only once it is held, so the link can acknowledge it to the peer.
+        and other links, unless ``delivered``: its direct copy came first, over some
+        link, and was delivered so. Return the endpoints that hold it (empty when none
+        matched: the message is dropped as guaranteed, counted
+        ``no_eligible_destination``). Returns only once it is held, so the link can
+        acknowledge it to the peer.
         """
 
     async def spool_many_from_link(
-        self, link: Link, messages: Sequence[Message]
+        self,
+        link: Link,
+        messages: Sequence[Message],
+        *,
+        delivered: Sequence[bool] | None = None,
     ) -> tuple[list[tuple[str, ...]], PublishRejectedError | None]:
         """Take several guaranteed messages that came in over ``link``, in order, as
         :meth:`spool_from_link` takes one, up to the first one that an endpoint refuses.
+
+        :param delivered: for each message, whether its direct copy was delivered
+            already (see :meth:`spool_from_link`); ``None``: none was.
 
         Return the endpoints that hold each message taken, in order, and the refusal of
         the first message not taken (``None`` when all were taken); that message and
@@ -235,9 +246,10 @@ class GuaranteedMessaging(ABC):
         takes in one commit (this default commits one at a time).
         """
         taken: list[tuple[str, ...]] = []
-        for message in messages:
+        for i, message in enumerate(messages):
             try:
-                taken.append(await self.spool_from_link(link, message))
+                done = delivered is not None and delivered[i]
+                taken.append(await self.spool_from_link(link, message, delivered=done))
             except PublishRejectedError as refusal:
                 return taken, refusal
         return taken, None

@@ -87,11 +87,15 @@ class ServedFlows:
         connection: Connection,
         answers: Answers,
         outgoing: Callable[[Message], Message | None] | None = None,
+        settled: Callable[[Message], None] | None = None,
     ) -> None:
         self.connection = connection
         #: What each message goes through before it is sent (a link's egress stages):
         #: the message to send, or ``None`` to let the queue go of it unsent.
         self.outgoing = outgoing
+        #: Told of each message sent that the peer acknowledged or that went back to
+        #: its queue (a link's :meth:`~meshbus.Link.settled`).
+        self.settled = settled
         self.protocol = connection.protocol
         self.answers = answers
         self._flows: dict[int, tuple[Flow, _Feeder, dict[int, Message]]] = {}
@@ -180,7 +184,7 @@ class ServedFlows:
         entry = self._flows.pop(number, None) if type(number) is int else None
         if entry is None:
             raise StateError(f"no flow {number!r} on this connection")
-        flow, feeder, _ = entry
+        flow, feeder, unacked = entry
         done = self._done.get(number)
         feeder.stop()
         if done is not None:
@@ -188,6 +192,7 @@ class ServedFlows:
             # back, and the unbind below must commit them.
             await done.wait()
         await flow.unbind()
+        self._given_back(unacked)
         self.answers.ok(event.id)
 
     def ack(self, event: ev.Ack) -> None:
@@ -205,15 +210,23 @@ class ServedFlows:
             if message is None:
                 raise StateError(f"message {message_id!r} is not unacknowledged on flow {number}")
             flow.ack(message)
+            if self.settled is not None:
+                self.settled(message)
 
     def close(self) -> None:
         """The connection ended: every flow's unacknowledged messages go back to its queue."""
-        for flow, feeder, _ in self._flows.values():
+        for flow, feeder, unacked in self._flows.values():
             feeder.stop()
             detach = getattr(flow, "detach", None)
             if detach is not None:
                 detach()
+            self._given_back(unacked)
         self._flows.clear()
+
+    def _given_back(self, unacked: dict[int, Message]) -> None:
+        if self.settled is not None:
+            for message in unacked.values():
+                self.settled(message)
 
 
 class _Feeder:

@@ -35,8 +35,9 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from meshbus._crossing import with_mode
 from meshbus._links import Link, LinkState
-from meshbus._messages import HEADER_LIMITS, Envelope, Message
+from meshbus._messages import HEADER_LIMITS, DeliveryMode, Envelope, Message
 from meshbus._topics import parse_endpoint_subscription, parse_subscription
 from meshbus.errors import (
     AccessDeniedError,
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WireLink", "open_link"]
 
+_DIRECT = DeliveryMode.DIRECT
 log = logging.getLogger("meshbus.links")
 
 K = FrameKind
@@ -270,6 +272,10 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
         if self._connection is None or self._pending_bytes > self.max_pending_bytes:
             return False
         message = envelope.message
+        if envelope.mode is not _DIRECT:
+            # The direct copy of a guaranteed message: it crosses marked with its real
+            # mode, so the peer spools it nowhere (see Link.receive).
+            message = with_mode(message, envelope.mode)
         if not self._pending:
             self._queued_at = self._monotonic()  # the forward latency of its batch
         self._pending.append(message)
@@ -406,7 +412,7 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
         self._connection = connection
         self._writes_nowait = connection.writes_nowait
         self._answers = answers = Answers(connection)
-        self._served = ServedFlows(connection, answers, self.outgoing)
+        self._served = ServedFlows(connection, answers, self.outgoing, self.settled)
         self._wake.set()  # what the login queued (an accepting side's WELCOME) goes first
         self.opened(peer_node, peer_cluster)
         reason = "closed"
@@ -631,6 +637,14 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
                 answers.ok(request)
             elif isinstance(event, ev.Bind):
                 flow = await self._bind_for_peer(event)
+                if self.endpoint is None:
+                    # Its messages go to the peer over this flow: their direct copies
+                    # need not go too (see LinkRouter).
+                    self.endpoint = (
+                        f"{self.vpn.name}/{event.queue}"
+                        if event.endpoint is None
+                        else f"{self.vpn.name}/#te/{event.endpoint}"
+                    )
                 assert self._tg is not None
                 assert self._served is not None
                 self._served.bound(request, flow, self._tg)

@@ -91,5 +91,6 @@ class _Pull:
         for i, (message, _) in enumerate(batch):
             if i in kept:
                 self.flow.ack(message)
+                self.far.settled(message)
         waiting.extendleft(reversed([entry for i, entry in enumerate(batch) if i not in kept]))
         return refused

@@ -47,9 +47,13 @@ __all__ = ["spool_many"]
 
 
 async def spool_many(
-    service: GuaranteedService, link: Link, messages: Sequence[Message]
+    service: GuaranteedService,
+    link: Link,
+    messages: Sequence[Message],
+    delivered: Sequence[bool] | None = None,
 ) -> tuple[list[tuple[str, ...]], PublishRejectedError | None]:
-    """Spool ``messages`` from ``link`` in one commit, up to the first one refused.
+    """Spool ``messages`` from ``link`` in one commit, up to the first one refused; the
+    direct copy of each is delivered, unless ``delivered`` says it was already.
 
     Return the endpoints that hold each message taken (empty: none matched, or it had
     expired; counted on the link), in order, and the refusal of the first message not
@@ -114,7 +118,7 @@ async def spool_many(
         await service.store.put_many(records)
     taken: list[tuple[str, ...]] = []
     stored = iter(records)
-    for message, holders in planned:
+    for position, (message, holders) in enumerate(planned):
         if holders is None:
             link.count_drop("expired")
             taken.append(())
@@ -129,6 +133,9 @@ async def spool_many(
             link.count_drop("no_eligible_destination")
             origin = message.origin or service._new_origin()
         endpoints = endpoints_of(holders)
+        taken.append(endpoints)
+        if delivered is not None and delivered[position]:
+            continue  # its direct copy came first, over another link
         copy = Message(
             message.topic,
             message.payload,
@@ -150,7 +157,6 @@ async def spool_many(
         if mode is DeliveryMode.DIRECT:
             mode = DeliveryMode.NON_PERSISTENT
         vpn.dispatch(Envelope(copy, link, endpoints, mode), count_unmatched=not holders)
-        taken.append(endpoints)
     return taken, refusal
 
 

@@ -462,21 +462,27 @@ class GuaranteedService(GuaranteedMessaging):
 
     # --- guaranteed messages that came in over a link --------------------------------
 
-    async def spool_from_link(self, link: Link, message: Message) -> tuple[str, ...]:
+    async def spool_from_link(
+        self, link: Link, message: Message, *, delivered: bool = False
+    ) -> tuple[str, ...]:
         """Spool ``message`` to every matching endpoint of ``link``'s VPN in one commit, or
         refuse it whole (SPEC 7), then deliver its direct copy; see
         :meth:`meshbus.abc.GuaranteedMessaging.spool_from_link`."""
-        taken, refusal = await spool_many(self, link, (message,))
+        taken, refusal = await spool_many(self, link, (message,), (delivered,))
         if refusal is not None:
             raise refusal
         return taken[0]
 
     async def spool_many_from_link(
-        self, link: Link, messages: Sequence[Message]
+        self,
+        link: Link,
+        messages: Sequence[Message],
+        *,
+        delivered: Sequence[bool] | None = None,
     ) -> tuple[list[tuple[str, ...]], PublishRejectedError | None]:
         """Spool ``messages`` in order, all in one commit, up to the first that an
         endpoint refuses; see :meth:`meshbus.abc.GuaranteedMessaging.spool_many_from_link`."""
-        return await spool_many(self, link, messages)
+        return await spool_many(self, link, messages, delivered)
 
     def _may_send(self, session: Session) -> None:
         if session.closed:
@@ -511,6 +517,7 @@ class GuaranteedService(GuaranteedMessaging):
         index = self._indexes.setdefault(vpn.name, SubscriptionIndex())
         outbox = self._outbox
         clock_time = self.node.clock.time
+        new_origin = self._new_origin
 
         def route(envelope: Envelope) -> int:
             if envelope.mode is not _DIRECT:  # a guaranteed publish chose its endpoints
@@ -528,18 +535,24 @@ class GuaranteedService(GuaranteedMessaging):
                 else:  # a direct publisher gets no error: the queue discards it
                     queue.discarded += 1
             if accepted:
+                meta = message_meta(message.sender, message.reply_to, message.correlation_id)
+                # Its origin is kept with it (or given here, and to the links the
+                # message goes on to), so that its copies which links may bring here
+                # or take to another node are known as such: it is spooled once.
+                origin = message.origin
+                if origin is None:
+                    origin = new_origin()
+                    envelope.message = message = message.evolve(origin=origin)
+                meta["origin"] = list(origin)
+                if message.hop_count:
+                    meta["hops"] = message.hop_count
                 outbox.append(
                     (
                         NewMessage(
                             message.topic,
                             message.payload,
                             tuple(q.endpoint for q in accepted),
-                            {
-                                **message.headers,
-                                META_HEADER: message_meta(
-                                    message.sender, message.reply_to, message.correlation_id
-                                ),
-                            },
+                            {**message.headers, META_HEADER: meta},
                             False,
                             None,
                             # Spooled messages are always stamped: now, if the publisher

@@ -351,6 +351,8 @@ class MqttLink(Link):
 
     def _down(self, reason: str) -> None:
         self._codec = None
+        for message in self._inflight.values():
+            self.settled(message)  # the flow gives it back to the queue
         self._inflight.clear()
         if self.state not in (LinkState.BACKOFF, LinkState.DISABLED):
             self.closed(reason)
@@ -476,6 +478,7 @@ class MqttLink(Link):
                     message = self._inflight.pop(packet.packet_id, None)
                     if message is not None and self._flow is not None:
                         self._flow.ack(message)
+                        self.settled(message)
                 elif isinstance(packet, PubRelPacket):
                     self._queue_out(codec.ack(7, packet.packet_id))
                 elif isinstance(packet, SubAckPacket):

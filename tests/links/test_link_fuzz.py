@@ -697,9 +697,9 @@ async def test_a_link_stops_reading_sends_while_its_spool_is_slow(
         spooled = anyio.Event()
         spool = r.node.guaranteed.spool_from_link
 
-        async def slow_spool(link: Any, message: Any) -> Any:
+        async def slow_spool(link: Any, message: Any, **options: Any) -> Any:
             await spooled.wait()
-            return await spool(link, message)
+            return await spool(link, message, **options)
 
         monkeypatch.setattr(r.node.guaranteed, "spool_from_link", slow_spool)
         peer = r.peer("peer")
