@@ -340,8 +340,17 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
         return answer
 
     def _start(self, fn: Callable[..., Any], *args: Any) -> None:
-        if self._tg is not None:
-            self._tg.start_soon(fn, *args)
+        """Start a task of the connection, unless it is ending: a task started in its
+        task group once that is cancelled might never be cancelled itself (so on asyncio),
+        and the group would wait for it for ever."""
+        tg, serving = self._tg, self._serving
+        if (
+            tg is not None
+            and not tg.cancel_scope.cancel_called
+            and serving is not None
+            and not serving.cancel_called
+        ):
+            tg.start_soon(fn, *args)
 
     # --- running ------------------------------------------------------------------------
 
@@ -422,13 +431,16 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
             with serving, unwrap_errors():
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
-                    tg.start_soon(self._writer, connection)
-                    tg.start_soon(
-                        connection.keep_alive, keepalive, keepalive_timeout, self._wake_writer
-                    )
-                    tg.start_soon(self._sender)
-                    tg.start_soon(self._sync)
-                    await self._read(connection)
+                    try:
+                        tg.start_soon(self._writer, connection)
+                        tg.start_soon(
+                            connection.keep_alive, keepalive, keepalive_timeout, self._wake_writer
+                        )
+                        tg.start_soon(self._sender)
+                        tg.start_soon(self._sync)
+                        await self._read(connection)
+                    finally:
+                        self._tg = None  # ending: nothing new starts in it (see _start)
                     tg.cancel_scope.cancel()
             reason = connection.protocol.close_reason or "the connection ended"
             if serving.cancelled_caught:
