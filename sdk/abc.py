@@ -210,6 +210,17 @@ class GuaranteedMessaging(ABC):
     ) -> Flow:
         """Bind a consumer flow to a topic endpoint, giving (or changing) its subscription."""
 
+    async def put_in_queue(self, vpn: str, queue: str, message: Message) -> int:
+        """Spool ``message`` to the queue ``queue`` of VPN ``vpn`` only, whatever its
+        subscriptions, keeping its topic, delivery mode and ``retained`` flag: for a
+        plugin that gives one consumer one message through its queue (the MQTT
+        listener's retained values at QoS 1). Returns once it is held, the
+        :attr:`~meshbus.Message.message_id` the queue's flows will give it.
+
+        :raises PublishRejectedError: no such queue, or it cannot take the message now.
+        """
+        raise PublishRejectedError("unsupported", "putting a message in one queue")
+
     @abstractmethod
     async def spool_from_link(
         self, link: Link, message: Message, *, delivered: bool = False

@@ -52,6 +52,7 @@ GUARANTEED = {
     "send": (WAITS, STORE + ": returns once the message is held"),
     "send_to_queue": (WAITS, STORE + ": returns once the message is held"),
     "send_many": (WAITS, STORE + ": returns once the messages are held"),
+    "put_in_queue": (WAITS, STORE + ": returns once the message is held"),
     "spool_from_link": (WAITS, STORE + ": returns once the message is held"),
     "spool_many_from_link": (WAITS, STORE + ": returns once the messages are held"),
     "bind": (WAITS, INTERFACE),

@@ -457,6 +457,32 @@ class GuaranteedService(GuaranteedMessaging):
         meta = _with_meta(options, session, self._new_origin())
         await self._spool(targets, topic, payload, meta, now)
 
+    async def put_in_queue(self, vpn: str, queue: str, message: Message) -> int:
+        """See :meth:`meshbus.abc.GuaranteedMessaging.put_in_queue`."""
+        target = self._queues.get((vpn, queue))
+        if target is None or target.topic_endpoint:
+            raise PublishRejectedError("no-such-queue", f"queue {queue!r}")
+        refusal = target.refusal(len(message.payload), message.size)
+        if refusal is not None:
+            raise refusal
+        meta = message_meta(message.sender, message.reply_to, message.correlation_id)
+        meta["origin"] = list(message.origin or self._new_origin())
+        if message.retained:
+            meta["retained"] = True
+        now = self.node.clock.time()
+        record = NewMessage(
+            message.topic,
+            message.payload,
+            (target.endpoint,),
+            {**message.headers, META_HEADER: meta},
+            message.delivery_mode is DeliveryMode.PERSISTENT,
+            message.expires_at,
+            now if message.timestamp is None else message.timestamp,
+        )
+        [message_id] = await self.store.put_many((record,))
+        target.stored()
+        return message_id
+
     def _new_origin(self) -> tuple[str, int]:
         return (self.node.node_id, self.node.next_origin_id())
 

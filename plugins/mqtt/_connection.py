@@ -139,6 +139,10 @@ class MqttConnection(Subscribing, Delivering):
         self._room = anyio.Event()
         self._commit_lock = anyio.Lock()
         self._inflight: dict[int, Message] = {}
+        #: Spool ids of retained values put in the queue, written to the client as they
+        #: go out, and the event set once none is left (see Subscribing._send_retained).
+        self._retained_due: tuple[set[int], anyio.Event] | None = None
+        self._written_ids: list[int] = []
         self._next_id = 0
         self._special = False  # some subscription uses no-local or retain-as-published
         self._direct_busy = False  # the direct deliverer holds messages it has not written

@@ -48,14 +48,19 @@ class Delivering(Parts):
         self.flow = await session.bind(state.queue, window=window)
         tg.start_soon(self._guarded, self._deliver_queued, self.flow)
 
-    def _skip(self, message: Message) -> bool:
-        """Whether no-local keeps ``message`` from the client (only when asked for)."""
+    def _skip(self, message: Message, queued: bool) -> bool:
+        """Whether no-local keeps ``message`` from the client (only when asked for),
+        come through the session's direct subscriptions (QoS 0) or through its queue
+        (``queued``: QoS 1): per subscription, so only those of the way it came count
+        (MQTT-3.8.3-3: a no-local t/# and a t/a of the client's own message, each on
+        its own way, deliver it through t/a only)."""
         if message.sender != self.client_id or self.state is None:
             return False
         matching = [  # shared subscriptions take no no-local: they are left out
             s
             for s in self.state.subscriptions.values()
-            if not s.filters[0].startswith("#share/")
+            if s.queued == queued
+            and not s.filters[0].startswith("#share/")
             and any(filter_matches(f, message.topic) for f in s.filters)
         ]
         return bool(matching) and all(s.no_local for s in matching)
@@ -116,7 +121,7 @@ class Delivering(Parts):
             if len(egress) or self._direct_busy or lock.locked() or not writable():
                 buffered(message)
                 return
-            if self._special and self._skip(message):
+            if self._special and self._skip(message, False):
                 return
             try:
                 data = self._encode(message, 0, None, self._retain_flag(message))
@@ -175,7 +180,7 @@ class Delivering(Parts):
                     batch.append(more)
                 out = []
                 for each in batch:
-                    if self._special and self._skip(each):
+                    if self._special and self._skip(each, False):
                         continue
                     data = self._encode(each, 0, None, self._retain_flag(each))
                     if limit is not None and len(data) > limit:
@@ -207,11 +212,17 @@ class Delivering(Parts):
             if out:
                 self.listener.sent += len(out)
                 await self._write(b"".join(out))
+                due = self._retained_due
+                if due is not None:
+                    due[0].difference_update(self._written_ids)
+                    if not due[0]:
+                        due[1].set()
+            self._written_ids.clear()
 
     def _queued_packet(self, flow: Flow, message: Message) -> bytes | None:
         """The PUBLISH that carries ``message`` to the client, or ``None`` when it is
         not sent (no-local, too large); a QoS 1 one waits for its PUBACK in flight."""
-        if self._special and self._skip(message):
+        if self._special and self._skip(message, True):
             flow.ack(message)
             if self.state is not None and message.message_id is not None:
                 self.state.release_id(message.message_id)  # (sent before, maybe)
@@ -235,6 +246,8 @@ class Delivering(Parts):
             self._inflight[packet_id] = message
             if state is not None and spool_id is not None:
                 state.keep_id(spool_id, packet_id)
+                if self._retained_due is not None:
+                    self._written_ids.append(spool_id)
             return data
         # a QoS 0 (or non-persistent) message matching a QoS 1 subscription
         data = self._encode(message, 0, None, self._retain_flag(message))

@@ -42,6 +42,8 @@ class Parts:
     client_receive_max: int
     _special: bool
     _inflight: dict[int, Message]
+    _retained_due: tuple[set[int], anyio.Event] | None  # see Subscribing._until_written
+    _written_ids: list[int]
     _next_id: int
     _tg: anyio.abc.TaskGroup | None
     _write_lock: anyio.Lock

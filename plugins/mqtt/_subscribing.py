@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from meshbus import (
     AccessDeniedError,
     ConfigurationError,
@@ -171,8 +173,44 @@ class Subscribing(Parts):
                     found.append(message)
         codec = self.codec
         assert codec is not None
+        state = self.state
+        queued: set[int] = set()
         for message in found:
             if sub.no_local and message.sender == self.client_id:
                 continue
             store.delivered += 1
+            # At the lower of the published and the granted QoS (MQTT-3.8.4-8): a QoS 1
+            # one through the session's queue, as the session's other QoS 1 messages,
+            # so it is sent again until acknowledged.
+            if (
+                sub.queued
+                and message.delivery_mode is _PERSISTENT
+                and state is not None
+                and state.queue is not None
+            ):
+                try:
+                    service: Any = self.node.guaranteed
+                    queued.add(await service.put_in_queue(state.vpn, state.queue, message))
+                    continue
+                except PublishRejectedError as exc:  # its queue is full: at QoS 0 then
+                    log.info("MQTT %s: a retained value goes at QoS 0: %s", self.client_id, exc)
             await self._write(self._encode(message, 0, None, True))
+        if queued:
+            await self._until_written(queued)
+
+    async def _until_written(self, spool_ids: set[int]) -> None:
+        """Wait until the queue's flow has written the messages of ``spool_ids``, so that
+        they come before whatever this connection answers next, as retained values
+        should; only when the flow's window has room for them (the client's acks of
+        what fills it would come through this very reader), and for a second at most."""
+        flow = self.flow
+        window = min(self.settings.max_inflight, self.client_receive_max)
+        if flow is None or len(self._inflight) + len(spool_ids) > window:
+            return
+        done = anyio.Event()
+        self._retained_due = (spool_ids, done)
+        try:
+            with anyio.move_on_after(1.0):
+                await done.wait()
+        finally:
+            self._retained_due = None

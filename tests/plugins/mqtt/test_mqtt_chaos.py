@@ -142,10 +142,7 @@ CUT_DOWN: dict[str, list[Action]] = {
 # Defects the seeds found that are not fixed yet: the kinds of problem they show, and
 # their cut-down runs. The seeded runs check everything else; each cut-down run is
 # expected to fail (strictly: once fixed, it passes and its entry here must go).
-OPEN: dict[str, str] = {
-    "retained qos": "retained-at-qos-0",
-    "no-local": "no-local-per-message",
-}
+OPEN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
