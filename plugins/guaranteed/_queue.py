@@ -495,7 +495,12 @@ class QueueFlow(Flow):
             try:
                 await job(*args)
             except Exception:  # a store failure: the next receive_nowait() tries again
-                log.exception("flow %d on queue %r failed", self.id, self.queue.endpoint)
+                if self.unbound:
+                    # Unbound meanwhile (a node stopping detaches its flows, then closes
+                    # the store under what they were fetching): nothing is lost.
+                    log.debug("flow %d on queue %r ended", self.id, self.queue.endpoint)
+                else:
+                    log.exception("flow %d on queue %r failed", self.id, self.queue.endpoint)
 
         self.session.node.task_group.start_soon(run)
 

@@ -226,3 +226,34 @@ async def test_one_fetch_at_a_time_keeps_the_order(monkeypatch: pytest.MonkeyPat
             flow.ack(got[-1])
             got.append(await receive(flow))
         assert [m.payload for m in got] == [b"2", b"3", b"4", b"5"]
+
+
+async def test_a_background_fetch_cut_short_by_a_stopping_node_logs_no_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A node that stops detaches its flows and then closes the store: a fetch under way
+    # meets the closed store. Its flow is unbound, nothing is lost: no ERROR line.
+    async with Node(plugins=PLUGINS) as node:
+        svc = service(node)
+        svc.create_queue("q")
+        session = node.connect()
+        await session.send_to_queue("q", "x")
+        flow = await session.bind("q", window=2)
+        store = svc.store
+        gate = anyio.Event()
+        waiting = anyio.Event()
+
+        async def closing(endpoint: str, ids: Iterable[int]) -> int:
+            waiting.set()
+            await gate.wait()
+            raise StateError("spool store is not open")
+
+        monkeypatch.setattr(store, "mark_delivered", closing)
+        assert flow.receive_nowait() is None  # the background fetch starts
+        with anyio.fail_after(5):
+            await waiting.wait()
+        flow.detach()  # type: ignore[attr-defined]
+        gate.set()
+        for _ in range(10):
+            await checkpoint()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
