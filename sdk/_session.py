@@ -89,6 +89,11 @@ class Session:
         self.client_profile = client_profile
         self.acl_profile = acl_profile
         self.no_local = no_local
+        #: Leaves endpoints out of this session's guaranteed messages:
+        #: ``leaves_out(endpoint, topic)`` true means a message it sends on ``topic`` is
+        #: not spooled to that endpoint, decided as it is sent (an MQTT listener's
+        #: per-subscription no-local for the client's own queue); ``None``: none is.
+        self.leaves_out: Callable[[str, str], bool] | None = None
         #: Whether this session's direct messages carry the node clock's time of publish
         #: (off by default: reading the clock is a good part of a publish's cost).
         self.timestamps = timestamps

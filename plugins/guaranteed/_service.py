@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +324,7 @@ class GuaranteedService(GuaranteedMessaging):
         if whole > MAX_MESSAGE_SIZE:
             raise PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, whole)
         index = self._indexes.get(session.vpn.name)
-        accepted, refusal = self._accepting(index, topic, size, whole)
+        accepted, refusal = self._accepting(index, topic, size, whole, session.leaves_out)
         if refusal is not None:
             raise refusal  # nothing was stored anywhere yet
         now = self.node.clock.time()
@@ -371,7 +371,9 @@ class GuaranteedService(GuaranteedMessaging):
         extra = options["size"]  # what the shared headers take, in each message
         for topic, payload in messages:
             size = len(payload)
-            accepted, refusal = self._accepting(index, topic, size, size + extra)
+            accepted, refusal = self._accepting(
+                index, topic, size, size + extra, session.leaves_out
+            )
             if refusal is None and size + extra > MAX_MESSAGE_SIZE:
                 refusal = PublishRejectedError("too-large", "", MAX_MESSAGE_SIZE, size + extra)
             results.append(refusal)
@@ -415,13 +417,21 @@ class GuaranteedService(GuaranteedMessaging):
         return results
 
     def _accepting(
-        self, index: SubscriptionIndex[Queue] | None, topic: str, size: int, whole: int
+        self,
+        index: SubscriptionIndex[Queue] | None,
+        topic: str,
+        size: int,
+        whole: int,
+        leaves_out: Callable[[str, str], bool] | None = None,
     ) -> tuple[list[Queue], PublishRejectedError | None]:
         """The queues that take a message (``size`` payload bytes, ``whole`` with its
-        headers), or the refusal that rejects it to the sender."""
+        headers), or the refusal that rejects it to the sender; none that the sending
+        session ``leaves_out`` (see :attr:`meshbus.Session.leaves_out`)."""
         accepted: list[Queue] = []
         discarding: list[Queue] = []
         for queue in index.match(topic) if index is not None else ():
+            if leaves_out is not None and leaves_out(queue.endpoint, topic):
+                continue
             refusal = queue.refusal(size, whole)
             if refusal is None:
                 accepted.append(queue)
@@ -552,8 +562,13 @@ class GuaranteedService(GuaranteedMessaging):
             accepted = []
             size = len(message.payload)
             whole = message.size
+            leaves_out = None
             for queue in index.match(message.topic):
                 if not queue.settings.accept_direct:
+                    continue
+                if leaves_out is None:  # the publishing session's (a link has none)
+                    leaves_out = getattr(envelope.origin, "leaves_out", None) or _nothing
+                if leaves_out(queue.endpoint, message.topic):
                     continue
                 if queue.refusal(size, whole) is None:
                     queue.reserve(size)
@@ -719,6 +734,10 @@ class GuaranteedService(GuaranteedMessaging):
 
 
 _DIRECT = DeliveryMode.DIRECT
+
+
+def _nothing(endpoint: str, topic: str) -> bool:
+    return False
 
 
 def _without_deleted(

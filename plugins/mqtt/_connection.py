@@ -255,6 +255,7 @@ class MqttConnection(Subscribing, Delivering):
             self.listener.refused += 1
             return False
         self.session = session
+        session.leaves_out = self._no_local_out
         _own_retained(session)
         self.will = will
         self.keepalive = connect.keep_alive

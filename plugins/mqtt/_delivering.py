@@ -48,20 +48,35 @@ class Delivering(Parts):
         self.flow = await session.bind(state.queue, window=window)
         tg.start_soon(self._guarded, self._deliver_queued, self.flow)
 
-    def _skip(self, message: Message, queued: bool) -> bool:
-        """Whether no-local keeps ``message`` from the client (only when asked for),
-        come through the session's direct subscriptions (QoS 0) or through its queue
-        (``queued``: QoS 1): per subscription, so only those of the way it came count
-        (MQTT-3.8.3-3: a no-local t/# and a t/a of the client's own message, each on
-        its own way, deliver it through t/a only)."""
-        if message.sender != self.client_id or self.state is None:
+    def _skip(self, message: Message) -> bool:
+        """Whether no-local keeps the direct ``message`` (QoS 0) from the client (only
+        when asked for): only the session's direct subscriptions count, per subscription
+        (MQTT-3.8.3-3: a no-local t/# and a t/a of the client's own message, each on its
+        own way, deliver it through t/a only). Decided as it is delivered: direct
+        messages wait in a short buffer only."""
+        return self._no_local(message.sender, message.topic, False)
+
+    def _no_local_out(self, endpoint: str, topic: str) -> bool:
+        """The session's :attr:`~meshbus.Session.leaves_out`: the client's own message
+        does not go to its queue when only no-local subscriptions of the queue match
+        it, decided as it is sent: a subscription replaced later (MQTT 5: that loses no
+        message) or removed changes nothing of what was queued before."""
+        state = self.state
+        if not self._special or state is None or state.queue is None:
+            return False
+        if endpoint != f"{state.vpn}/{state.queue}":
+            return False
+        return self._no_local(self.client_id, topic, True)
+
+    def _no_local(self, sender: str | None, topic: str, queued: bool) -> bool:
+        if sender != self.client_id or self.state is None:
             return False
         matching = [  # shared subscriptions take no no-local: they are left out
             s
             for s in self.state.subscriptions.values()
             if s.queued == queued
             and not s.filters[0].startswith("#share/")
-            and any(filter_matches(f, message.topic) for f in s.filters)
+            and any(filter_matches(f, topic) for f in s.filters)
         ]
         return bool(matching) and all(s.no_local for s in matching)
 
@@ -121,7 +136,7 @@ class Delivering(Parts):
             if len(egress) or self._direct_busy or lock.locked() or not writable():
                 buffered(message)
                 return
-            if self._special and self._skip(message, False):
+            if self._special and self._skip(message):
                 return
             try:
                 data = self._encode(message, 0, None, self._retain_flag(message))
@@ -180,7 +195,7 @@ class Delivering(Parts):
                     batch.append(more)
                 out = []
                 for each in batch:
-                    if self._special and self._skip(each, False):
+                    if self._special and self._skip(each):
                         continue
                     data = self._encode(each, 0, None, self._retain_flag(each))
                     if limit is not None and len(data) > limit:
@@ -222,11 +237,6 @@ class Delivering(Parts):
     def _queued_packet(self, flow: Flow, message: Message) -> bytes | None:
         """The PUBLISH that carries ``message`` to the client, or ``None`` when it is
         not sent (no-local, too large); a QoS 1 one waits for its PUBACK in flight."""
-        if self._special and self._skip(message, True):
-            flow.ack(message)
-            if self.state is not None and message.message_id is not None:
-                self.state.release_id(message.message_id)  # (sent before, maybe)
-            return None
         if message.delivery_mode is _PERSISTENT:
             state = self.state
             spool_id = message.message_id

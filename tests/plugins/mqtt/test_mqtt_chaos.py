@@ -52,7 +52,12 @@ from ._chaos_clients import Action
 pytestmark = pytest.mark.anyio
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+# Seeds 6 and 33 found no-local decided as a message was delivered, not as it was
+# sent: a client's own QoS 1 message queued while its t/a/# was not no-local, then the
+# subscription replaced by a no-local one, was never delivered (MQTT 5: replacing a
+# subscription loses no message); one queued while only its no-local t/+ matched came
+# once t/+ was unsubscribed.
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6, 33])
 async def test_mqtt_sessions_under_chaos(tmp_path: Path, seed: int) -> None:
     chaos = await run_chaos(tmp_path, seed)
     # The run did something (the checks are not about an idle node).
