@@ -7,7 +7,7 @@ import logging
 import anyio
 import pytest
 
-from meshbus import ClientProfile, ConfigurationError, LinkState, Message, Node
+from meshbus import ClientProfile, ConfigurationError, DeliveryMode, LinkState, Message, Node
 from meshbus.abc import Flow
 from meshbus.plugins import hopcount
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, bridges, open_bridge, totals
@@ -227,6 +227,38 @@ async def test_guaranteed_messages_wait_on_the_remote_until_the_local_queue_has_
     assert not any(m.redelivered for m in got)
     await mesh.clock.settle()
     assert far.guaranteed.queue("Q").usage()[0] == 0
+
+
+async def test_a_bridge_that_subscribes_and_pulls_a_queue_takes_each_message_once(
+    mesh: Mesh,
+) -> None:
+    # Its direct subscription matches the queue's messages too: their direct copies
+    # do not cross beside them (the far end's link has Q as its endpoint), and L,
+    # refusing at first, gets each message itself, once, not a direct copy of it.
+    local, far = await start_pair(mesh)
+    far.guaranteed.create_queue("Q", subscriptions=["g/>"])
+    local.guaranteed.create_queue("L", subscriptions=["g/>"])
+    local.guaranteed.enable_queue("L", ingress=False)
+    bridge = open_bridge(
+        local.vpn(), remote_bridge(mesh, queues=["Q"], window=10, subscriptions=[">"])
+    )
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    watcher = reader(local, topic_filter="g/>")
+    sender = far.connect(client_name="shop")
+    for i in range(20):
+        await sender.send(f"g/{i}", b"%d" % i)
+    await mesh.clock.run(3)  # refused, and offered again
+    assert local.guaranteed.queue("L").usage()[0] == 0
+    local.guaranteed.enable_queue("L", ingress=True)
+    flow = await local.connect(client_name="warehouse").bind("L")
+    got = await consume(mesh, flow, 20)
+    assert [(m.payload, m.delivery_mode, m.redelivered) for m in got] == [
+        (b"%d" % i, DeliveryMode.PERSISTENT, False) for i in range(20)
+    ]
+    await mesh.clock.settle()
+    assert far.guaranteed.queue("Q").usage()[0] == 0
+    assert [m.payload for m in drain(watcher)] == [b"%d" % i for i in range(20)]
+    assert bridge.link.statistics().dropped.get("duplicate", 0) == 0
 
 
 async def test_a_same_node_bridge_moves_guaranteed_messages_between_its_vpns(
