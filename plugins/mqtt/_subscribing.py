@@ -201,11 +201,19 @@ class Subscribing(Parts):
     async def _until_written(self, spool_ids: set[int]) -> None:
         """Wait until the queue's flow has written the messages of ``spool_ids``, so that
         they come before whatever this connection answers next, as retained values
-        should; only when the flow's window has room for them (the client's acks of
-        what fills it would come through this very reader), and for a second at most."""
-        flow = self.flow
+        should; only when nothing else waits in the queue before them and the flow's
+        window has room for them (the client's acks of what fills it would come
+        through this very reader), and for a second at most. Behind a backlog they
+        come after it, in the queue's order."""
+        flow, state = self.flow, self.state
         window = min(self.settings.max_inflight, self.client_receive_max)
-        if flow is None or len(self._inflight) + len(spool_ids) > window:
+        if flow is None or state is None or state.queue is None:
+            return
+        if len(self._inflight) + len(spool_ids) > window:
+            return
+        service: Any = self.node.guaranteed
+        held = service.queue(state.queue, vpn=state.vpn).usage()[0]
+        if held > len(spool_ids) + len(self._inflight):
             return
         done = anyio.Event()
         self._retained_due = (spool_ids, done)
