@@ -12,38 +12,16 @@ import pytest
 
 from meshbus import (
     DeliveryMode,
-    Envelope,
-    Link,
     LocalLink,
     ManualClock,
     Message,
     Node,
     OriginFilter,
-    Vpn,
 )
 from meshbus._origins import COPY_SEEN, NEW, SEEN
+from tests.sdk.list_link import attached
 
 pytestmark = pytest.mark.anyio
-
-
-class ListLink(Link):
-    """A link that keeps the envelopes' messages and modes it is given to send."""
-
-    def __init__(self, vpn: Vpn, name: str) -> None:
-        super().__init__(vpn, name, "test")
-        self.sent: list[tuple[Message, DeliveryMode]] = []
-
-    def send(self, envelope: Envelope) -> bool:
-        self.sent.append((envelope.message, envelope.mode))
-        return True
-
-
-def attached(vpn: Vpn, name: str, *interest: str) -> ListLink:
-    link = ListLink(vpn, name)
-    vpn.links.attach(link)
-    for topic_filter in interest:
-        link.add_interest(topic_filter)
-    return link
 
 
 @pytest.fixture
@@ -149,8 +127,9 @@ async def test_a_copy_from_a_link_goes_to_subscribers_and_its_message_to_queues(
     # Not spooled as a direct message: the queue is for the message itself.
     assert queue.usage()[0] == 0
     # It goes on as a copy, its mode with it.
-    [(message, mode)] = onward.sent
-    assert (message.delivery_mode, mode) == (DeliveryMode.DIRECT, DeliveryMode.PERSISTENT)
+    [(_, _, message)] = onward.sent
+    assert message.delivery_mode is DeliveryMode.DIRECT
+    assert onward.modes == [DeliveryMode.PERSISTENT]
     # The message comes later, over a flow: spooled, not delivered to the subscriber again.
     assert await link.receive_guaranteed(persistent("g/1", ("far", 1)))
     assert queue.usage()[0] == 1
@@ -195,7 +174,7 @@ async def test_a_direct_publish_spooled_and_sent_over_a_link_has_one_origin(node
     service.create_queue("q", subscriptions=["d/>"])
     link = attached(node.vpn(), "out", ">")
     node.connect().publish("d/1", b"x")
-    [(sent, _)] = link.sent
+    [(_, _, sent)] = link.sent
     async with await node.connect().bind("q") as flow:
         with anyio.fail_after(5):
             spooled = await flow.receive()

@@ -24,37 +24,10 @@ from meshbus import (
     OriginFilter,
     PublishRejectedError,
     StateError,
-    Vpn,
     hookimpl,
 )
 from meshbus._acl import AclChecker
-
-
-class ListLink(Link):
-    """A link that keeps (topic, hop count, message) of what it is given to send."""
-
-    def __init__(self, vpn: Vpn, name: str, **options: Any) -> None:
-        super().__init__(vpn, name, "test", **options)
-        self.sent: list[tuple[str, int, Message]] = []
-        self.up = True
-
-    def send(self, envelope: Envelope) -> bool:
-        if not self.up:
-            return False
-        self.sent.append((envelope.message.topic, envelope.hop_count, envelope.message))
-        return True
-
-    @property
-    def topics(self) -> list[str]:
-        return [topic for topic, _, _ in self.sent]
-
-
-def attached(vpn: Vpn, name: str, *interest: str, **options: Any) -> ListLink:
-    link = ListLink(vpn, name, **options)
-    vpn.links.attach(link)
-    for topic_filter in interest:
-        link.add_interest(topic_filter)
-    return link
+from tests.sdk.list_link import ListLink, attached
 
 
 @pytest.fixture
