@@ -788,12 +788,20 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
     # Retained values a new subscription gets. A QoS 1 subscription's come through the
     # session's queue, so one an earlier subscription was due may come during a later
     # one: it goes back to the earlier one.
+    # QoS 1 retained values a session got, and on which connection.
+    had: dict[tuple[str, int, int | None], int] = {}
     for window in chaos.windows:
-        if window.qos != 1:
-            continue
         mids = [g.mid for g in window.got]
+        due = set(window.expected.values())
         for got in list(window.got):
-            if mids.count(got.mid) > 1:
+            key = (got.name, got.incarnation, got.mid)
+            if got.qos == 1 and got.dup and had.get(key, got.serial) != got.serial:
+                window.got.remove(got)  # sent again on a later connection, as it must be
+                mids.remove(got.mid)
+                continue
+            if got.qos == 1:
+                had[key] = got.serial
+            if got.qos == 1 and (mids.count(got.mid) > 1 or got.mid not in due):
                 earlier = chaos.late_window(got, before=window)
                 if earlier is not None:
                     window.got.remove(got)
