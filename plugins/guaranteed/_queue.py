@@ -407,6 +407,9 @@ class QueueFlow(Flow):
         self._hungry = False  # in receive() with room: its turn counts (non-exclusive)
         self._filling = False  # a task fetches messages for receive_nowait()
         self._fetching = 0  # the room a fetch under way has taken (receive() or the task's)
+        # What fetches under way took from the queue and are marking delivered now: an
+        # unbind gives them back at once, with the rest (see detach).
+        self._marking: list[list[SpoolEntry]] = []
         self._turned_away = False  # a fetch found no room because of the one under way
         self.unbound = False
 
@@ -565,26 +568,30 @@ class QueueFlow(Flow):
         entries = await queue.take(room)
         if not entries:
             return 0
+        if self.unbound:  # unbound while it read: never handed out
+            queue.give_back(entries)
+            return 0
         if queue.settings.access_type is AccessType.NON_EXCLUSIVE and self in queue.flows:
             queue.flows.remove(self)  # took its turn: to the end of the line
             queue.flows.append(self)
         queue._in_flight += len(entries)
+        marking = self._marking
+        marking.append(entries)
         try:
             # Marked before the application can see them: after a crash they come back
             # flagged. If the mark fails or is cancelled they were never handed out.
             await queue.store.mark_delivered(queue.endpoint, [e.message.id for e in entries])
         except BaseException:
-            queue._in_flight -= len(entries)
-            queue.give_back(entries)
+            if _taken_from(marking, entries):  # (else an unbind gave them back)
+                queue._in_flight -= len(entries)
+                queue.give_back(entries)
             raise
+        if not _taken_from(marking, entries):
+            return 0  # unbound while marking: given back then, flagged (see detach)
         if queue.purged_through >= entries[0].message.id:  # purged while marking
             kept = [e for e in entries if e.message.id > queue.purged_through]
             queue._in_flight -= len(entries) - len(kept)
             entries = kept
-        if self.unbound:  # unbound while marking: they go back, flagged by the mark
-            queue._in_flight -= len(entries)
-            queue.give_back([SpoolEntry(e.message, e.delivery_count + 1) for e in entries])
-            return 0
         self._prefetched.extend(entries)
         return len(entries)
 
@@ -620,7 +627,12 @@ class QueueFlow(Flow):
         queue = self.queue
         queue.flows.remove(self)
         handed = [SpoolEntry(e.message, e.delivery_count + 1) for e in self._unacked.values()]
-        held = [*handed, *self._prefetched]
+        # Those a fetch is marking delivered go back now too, flagged as the mark will
+        # have them: left until the mark is done, a flow bound meanwhile (taking over an
+        # exclusive queue) would hand out later messages before them.
+        marked = [SpoolEntry(e.message, e.delivery_count + 1) for m in self._marking for e in m]
+        self._marking.clear()
+        held = [*handed, *self._prefetched, *marked]
         queue._in_flight -= len(held)
         self._unacked.clear()
         self._prefetched.clear()
@@ -695,3 +707,13 @@ def message_meta(
         for k, v in (("sender", sender), ("reply_to", reply_to), ("correlation_id", correlation_id))
         if v is not None
     }
+
+
+def _taken_from(marking: list[list[SpoolEntry]], entries: list[SpoolEntry]) -> bool:
+    """Take ``entries`` (a fetch's) out of a flow's ``marking``; whether they were
+    still there (not given back by an unbind meanwhile)."""
+    for i, each in enumerate(marking):
+        if each is entries:
+            del marking[i]
+            return True
+    return False

@@ -257,3 +257,43 @@ async def test_a_background_fetch_cut_short_by_a_stopping_node_logs_no_error(
         for _ in range(10):
             await checkpoint()
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+async def test_a_flow_bound_while_another_unbinds_mid_fetch_keeps_the_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An exclusive queue's flow is unbound (an MQTT session taken over) while a fetch
+    # of it is marking messages delivered; the flow bound next must still hand them
+    # out first (found by the MQTT chaos run: 45, 42, 48, 46 out of order).
+    async with Node(plugins=PLUGINS) as node:
+        svc = service(node)
+        svc.create_queue("q")
+        session = node.connect()
+        for i in range(4):
+            await session.send_to_queue("q", str(i))
+        store = svc.store
+        mark = store.mark_delivered
+        gate = anyio.Event()
+        waiting = anyio.Event()
+        held: list[object] = []
+
+        async def gated(endpoint: str, ids: Iterable[int]) -> int:
+            ids = list(ids)
+            if not held:  # the first fetch's mark waits at the gate
+                held.append(ids)
+                waiting.set()
+                await gate.wait()
+            return await mark(endpoint, ids)
+
+        monkeypatch.setattr(store, "mark_delivered", gated)
+        old = await session.bind("q", window=2)
+        assert old.receive_nowait() is None  # its background fetch takes 0 and 1
+        with anyio.fail_after(5):
+            await waiting.wait()
+        await old.unbind()  # taken over mid-fetch
+        new = await node.connect().bind("q", window=4)
+        got = [await poll(new)]
+        gate.set()  # the old fetch's mark ends
+        got += [await poll(new) for _ in range(3)]
+        assert [m.payload for m in got] == [b"0", b"1", b"2", b"3"]
+        assert [m.redelivered for m in got] == [True, True, False, False]
