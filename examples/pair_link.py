@@ -37,7 +37,9 @@ class PairLink(Link):
     def send(self, envelope: Envelope) -> bool:
         if self.twin.state is not LinkState.IN_SYNC:
             return False  # counted as a forward failure
-        return self.twin.receive(envelope.message)
+        # The mode too: a guaranteed message's direct copy is delivered there to
+        # subscribers, and spooled nowhere (its queues get the message itself).
+        return self.twin.receive(envelope.message, envelope.mode)
 
     async def pull(self, queue: str) -> None:
         """Move the guaranteed messages of ``queue`` (on this side) to the twin's VPN."""

@@ -6,10 +6,11 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-from meshbus import DEFAULT_PLUGINS, LinkState, ManualClock, Node
+from meshbus import DEFAULT_PLUGINS, DeliveryMode, LinkState, ManualClock, Node
 
 pytestmark = pytest.mark.anyio
 
@@ -116,3 +117,23 @@ async def test_three_nodes_in_a_triangle_deliver_each_publish_once() -> None:
         assert len(links) == 6
         assert all(link.state is LinkState.IN_SYNC for link in links)
         assert sum(link.dropped.get("duplicate", 0) for link in links) >= 1
+
+
+async def test_a_guaranteed_messages_direct_copy_is_spooled_nowhere_on_the_other_side() -> None:
+    clock = ManualClock()
+    pairs = pair_link.PairLinks()
+    plugins = [*DEFAULT_PLUGINS, pairs]
+    async with (
+        Node(name="a", node_id="a", clock=clock, plugins=plugins) as a,
+        Node(name="b", node_id="b", clock=clock, plugins=plugins) as b,
+    ):
+        pairs.join(a.vpn(), b.vpn())
+        service: Any = b.guaranteed
+        queue = service.create_queue("q", subscriptions=["news/>"])  # takes direct ones
+        listener = b.connect(client_name="listener")
+        listener.subscribe("news/>")
+        await a.connect(client_name="pub").send("news/1", b"guaranteed")
+        message = listener.receive_nowait()
+        assert message is not None
+        assert message.delivery_mode is DeliveryMode.DIRECT
+        assert queue.usage()[0] == 0  # the copy is not the message
