@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,14 +31,27 @@ def tutorial() -> ModuleType:
 pair_link = tutorial()
 
 
-async def test_a_subscription_on_b_attracts_a_publish_on_a_and_only_while_it_lasts() -> None:
+@contextlib.asynccontextmanager
+async def tutorial_nodes(
+    *names: str,
+) -> AsyncIterator[tuple[ManualClock, Any, list[Node]]]:
+    """Nodes of these names on one manual clock, with the tutorial's plugin loaded:
+    ``(clock, the plugin, nodes)``."""
     clock = ManualClock()
     pairs = pair_link.PairLinks()
     plugins = [*DEFAULT_PLUGINS, pairs]
-    async with (
-        Node(name="a", node_id="a", clock=clock, plugins=plugins) as a,
-        Node(name="b", node_id="b", clock=clock, plugins=plugins) as b,
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        nodes = [
+            await stack.enter_async_context(
+                Node(name=name, node_id=name, clock=clock, plugins=plugins)
+            )
+            for name in names
+        ]
+        yield clock, pairs, nodes
+
+
+async def test_a_subscription_on_b_attracts_a_publish_on_a_and_only_while_it_lasts() -> None:
+    async with tutorial_nodes("a", "b") as (_, pairs, (a, b)):
         a_side, b_side = pairs.join(a.vpn(), b.vpn())
         publisher = a.connect(client_name="pub")
         publisher.publish("news/0", b"nobody on b wants it yet")
@@ -65,13 +80,7 @@ async def test_a_subscription_on_b_attracts_a_publish_on_a_and_only_while_it_las
 
 
 async def test_a_guaranteed_message_leaves_a_only_once_b_spooled_it() -> None:
-    clock = ManualClock()
-    pairs = pair_link.PairLinks()
-    plugins = [*DEFAULT_PLUGINS, pairs]
-    async with (
-        Node(name="a", node_id="a", clock=clock, plugins=plugins) as a,
-        Node(name="b", node_id="b", clock=clock, plugins=plugins) as b,
-    ):
+    async with tutorial_nodes("a", "b") as (clock, pairs, (a, b)):
         a.guaranteed.create_queue("to-b", subscriptions=["orders/>"])
         b.guaranteed.create_queue("orders", subscriptions=["orders/>"], max_messages=1)
         await b.connect(client_name="local").send("orders/0", b"fills b's queue")
@@ -92,14 +101,7 @@ async def test_a_guaranteed_message_leaves_a_only_once_b_spooled_it() -> None:
 
 
 async def test_three_nodes_in_a_triangle_deliver_each_publish_once() -> None:
-    clock = ManualClock()
-    pairs = pair_link.PairLinks()
-    plugins = [*DEFAULT_PLUGINS, pairs]
-    async with (
-        Node(name="a", node_id="a", clock=clock, plugins=plugins) as a,
-        Node(name="b", node_id="b", clock=clock, plugins=plugins) as b,
-        Node(name="c", node_id="c", clock=clock, plugins=plugins) as c,
-    ):
+    async with tutorial_nodes("a", "b", "c") as (_, pairs, (a, b, c)):
         listeners = []
         for node in (a, b, c):
             listener = node.connect(client_name=f"listener-{node.name}")
@@ -120,13 +122,7 @@ async def test_three_nodes_in_a_triangle_deliver_each_publish_once() -> None:
 
 
 async def test_a_guaranteed_messages_direct_copy_is_spooled_nowhere_on_the_other_side() -> None:
-    clock = ManualClock()
-    pairs = pair_link.PairLinks()
-    plugins = [*DEFAULT_PLUGINS, pairs]
-    async with (
-        Node(name="a", node_id="a", clock=clock, plugins=plugins) as a,
-        Node(name="b", node_id="b", clock=clock, plugins=plugins) as b,
-    ):
+    async with tutorial_nodes("a", "b") as (_, pairs, (a, b)):
         pairs.join(a.vpn(), b.vpn())
         service: Any = b.guaranteed
         queue = service.create_queue("q", subscriptions=["news/>"])  # takes direct ones
