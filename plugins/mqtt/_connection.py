@@ -308,6 +308,7 @@ class MqttConnection(Subscribing, Delivering):
             state = registry.create(vpn, self.client_id, expiry)
         state.expiry = expiry
         state.connection = self
+        state.offline_since = None
         state.generation += 1
         self.state = state
         session = self.session
@@ -319,6 +320,7 @@ class MqttConnection(Subscribing, Delivering):
         self._special = any(
             s.no_local or s.retain_as_published for s in state.subscriptions.values()
         )
+        registry.save(state)
         return present
 
     async def stop(self) -> None:
@@ -375,6 +377,8 @@ class MqttConnection(Subscribing, Delivering):
             if state.expiry == 0:
                 await self.listener.registry.discard(state)
             else:
+                state.offline_since = self.node.clock.time()
+                self.listener.registry.save(state)
                 self.listener.registry.expire_later(state)
         finally:
             if session is not None:

@@ -46,6 +46,7 @@ def meshbus_lifespan(node: Node) -> AbstractAsyncContextManager[None]:
 
 @asynccontextmanager
 async def _running(node: Node) -> AsyncIterator[None]:
+    await node.stash[REGISTRY].restore()
     try:
         yield
     finally:

@@ -6,7 +6,8 @@ listener): a persistent MQTT 3.1.1 session (clean session 0) until the client
 cleans it. Its QoS 0 subscriptions are subscriptions of the meshbus session each
 connection opens; its QoS 1 ones are subscriptions of a queue of its own
 (``mqtt/<client id>``), so messages published while it is away wait there and
-reach it when it comes back.
+reach it when it comes back. On a node with a data directory a persistent session is
+kept on disk too (:mod:`._saved_sessions`), and comes back when the node restarts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import anyio
 import attrs
 
 from meshbus import ConfigurationError, MeshbusError, Node, StateError
+
+from ._saved_sessions import SavedSession, SessionFiles
 
 if TYPE_CHECKING:
     from ._connection import MqttConnection
@@ -70,12 +73,17 @@ class MqttSession:
         self.expiry = expiry
         self.subscriptions: dict[str, Subscribed] = {}
         self.queue: str | None = None
+        self.queue_limit: int | None = None  # the queue's max_messages, when it was made
+        #: When its last connection ended (the node clock's wall time), ``None`` while
+        #: it has one.
+        self.offline_since: float | None = None
         self.connection: MqttConnection | None = None
         self.generation = 0  # bumped at each connection: timers of an older one stand down
         #: The packet id each queued message was sent with and is not acknowledged yet
         #: (by spool id): sent again on a later connection, it keeps it (MQTT-4.4.0-1).
         self.packet_ids: dict[int, int] = {}
         self.reserved_ids: set[int] = set()  # the values of packet_ids
+        self.saved_once = False  # whether it has a file (SessionRegistry.save)
 
     def keep_id(self, spool_id: int, packet_id: int) -> None:
         """``spool_id`` went out as ``packet_id``: until it is acknowledged, it keeps it."""
@@ -91,6 +99,23 @@ class MqttSession:
         if packet_id is not None:
             self.reserved_ids.discard(packet_id)
 
+    def saved(self) -> SavedSession:
+        """What its file keeps."""
+        subscriptions = [
+            (s.mqtt_filter, s.qos, s.filters, s.no_local, s.retain_as_published)
+            for s in self.subscriptions.values()
+        ]
+        return SavedSession(
+            self.vpn,
+            self.client_id,
+            self.expiry,
+            self.queue,
+            self.queue_limit,
+            self.offline_since,
+            subscriptions,
+            dict(self.packet_ids) if self.connection is None else None,
+        )
+
     def __repr__(self) -> str:
         return f"<MqttSession {self.client_id!r} vpn={self.vpn!r}>"
 
@@ -102,6 +127,86 @@ class SessionRegistry:
         self.node = node
         self.sessions: dict[tuple[str, str], MqttSession] = {}
         self.expired = 0
+        data_dir = node.data_dir
+        self.files = SessionFiles(data_dir / "mqtt-sessions") if data_dir is not None else None
+        self.restored = 0  # sessions a restart brought back
+
+    def save(self, session: MqttSession) -> None:
+        """Keep ``session`` on disk (a node with a data directory), or forget its file
+        when it would not outlive its connection."""
+        files = self.files
+        if files is None:
+            return
+        if session.expiry == 0:
+            if session.saved_once:
+                files.remove(session.vpn, session.client_id)
+                session.saved_once = False
+            return
+        files.write(session.saved())
+        session.saved_once = True
+
+    async def restore(self) -> None:
+        """At node start: the persistent sessions the node had when it stopped (or
+        crashed), with their queues; those whose expiry ran out meanwhile end now."""
+        files = self.files
+        if files is None:
+            return
+        now = self.node.clock.time()
+        for saved in files.read_all():
+            try:
+                self.node.vpn(saved.vpn)
+            except ConfigurationError as exc:
+                log.warning("MQTT session of client %r not restored: %s", saved.client_id, exc)
+                continue
+            session = MqttSession(saved.vpn, saved.client_id, saved.expiry)
+            session.saved_once = True
+            session.queue_limit = saved.queue_limit
+            session.offline_since = now if saved.offline_since is None else saved.offline_since
+            for mqtt_filter, qos, filters, no_local, rap in saved.subscriptions:
+                sub = Subscribed(mqtt_filter, qos, filters, no_local, rap)
+                session.subscriptions[mqtt_filter] = sub
+            for spool_id, packet_id in saved.packet_ids.items():
+                session.keep_id(spool_id, packet_id)
+            self.sessions[(saved.vpn, saved.client_id)] = session
+            try:
+                await self._restore_queue(session, saved.queue)
+            except MeshbusError as exc:
+                log.warning(
+                    "MQTT session of client %r not restored: queue %r: %s",
+                    saved.client_id,
+                    saved.queue,
+                    exc,
+                )
+                await self.discard(session)
+                continue
+            left = None
+            if session.expiry < NEVER:
+                left = session.expiry - max(0.0, now - session.offline_since)
+                if left <= 0:
+                    self.expired += 1
+                    await self.discard(session)
+                    continue
+            self.restored += 1
+            self.expire_later(session, left)
+        if self.restored:
+            log.info("%d MQTT session(s) restored", self.restored)
+
+    async def _restore_queue(self, session: MqttSession, name: str | None) -> None:
+        """Make the session's queue again (its stored messages come back with it) with
+        the subscriptions of its QoS 1 subscriptions."""
+        if name is None:
+            return
+        service: Any = self.node.guaranteed
+        limit = {} if session.queue_limit is None else {"max_messages": session.queue_limit}
+        try:
+            service.create_queue(name, vpn=session.vpn, **limit)
+        except StateError:  # the configuration has one of that name
+            service.queue(name, vpn=session.vpn)
+        session.queue = name
+        for sub in session.subscriptions.values():
+            if sub.queued:
+                for each in sub.filters:
+                    service.add_subscription(name, each, vpn=session.vpn)
 
     def get(self, vpn: str, client_id: str) -> MqttSession | None:
         return self.sessions.get((vpn, client_id))
@@ -115,6 +220,9 @@ class SessionRegistry:
         """Forget ``session`` and delete its queue (and what waits in it)."""
         if self.sessions.get((session.vpn, session.client_id)) is session:
             del self.sessions[(session.vpn, session.client_id)]
+            if session.saved_once and self.files is not None:
+                self.files.remove(session.vpn, session.client_id)
+                session.saved_once = False
         queue, session.queue = session.queue, None
         if queue is not None:
             try:
@@ -136,6 +244,7 @@ class SessionRegistry:
             except StateError:  # one this node made before, with other settings
                 queue = service.queue(name, vpn=session.vpn)
             session.queue = name
+            session.queue_limit = max_messages
             if queue.usage()[0]:
                 # Left by a session this node no longer has (it restarted, or stopped
                 # before it could delete it; CONNACK said no session was present):
@@ -143,15 +252,17 @@ class SessionRegistry:
                 await service.purge_queue(name, vpn=session.vpn)
         return session.queue
 
-    def expire_later(self, session: MqttSession) -> None:
-        """Discard ``session`` once its expiry interval has passed with no connection."""
+    def expire_later(self, session: MqttSession, after: float | None = None) -> None:
+        """Discard ``session`` once its expiry interval (or ``after`` seconds) has passed
+        with no connection."""
         if session.expiry >= NEVER:
             return
         generation = session.generation
+        wait = session.expiry if after is None else after
 
         async def expire() -> None:
             clock = self.node.clock
-            await clock.sleep_until(clock.monotonic() + session.expiry)
+            await clock.sleep_until(clock.monotonic() + wait)
             if session.generation == generation and session.connection is None:
                 self.expired += 1
                 with anyio.CancelScope(shield=True):

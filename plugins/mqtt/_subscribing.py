@@ -97,6 +97,7 @@ class Subscribing(Parts):
         self._special = any(
             s.no_local or s.retain_as_published for s in state.subscriptions.values()
         )
+        self.listener.registry.save(state)
         await self._write(codec.suback(packet.packet_id, codes))
         for sub, _ in fresh:
             if not sub.filters[0].startswith("#share/"):
@@ -155,6 +156,7 @@ class Subscribing(Parts):
                 continue
             self._remove(state, session, sub)
             codes.append(0)
+        self.listener.registry.save(state)
         await self._write(codec.unsuback(packet.packet_id, codes))
 
     async def _send_retained(self, sub: Subscribed) -> None:

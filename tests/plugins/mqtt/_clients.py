@@ -52,6 +52,8 @@ class Paho:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_subscribe = lambda c, u, mid, codes, props: self.subacks.put(list(codes))
+        self.unsubacks: queue.Queue[int] = queue.Queue()
+        self.client.on_unsubscribe = lambda c, u, mid, codes, props: self.unsubacks.put(mid)
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         self.connack = (flags, reason, props)
@@ -109,6 +111,11 @@ class Paho:
         """Subscribe and wait for the SUBACK; its codes."""
         self.client.subscribe(list(topics))
         return await anyio.to_thread.run_sync(lambda: self.subacks.get(timeout=WAIT))
+
+    async def unsubscribe(self, *topics: str) -> None:
+        """Unsubscribe and wait for the UNSUBACK."""
+        self.client.unsubscribe(list(topics))
+        await anyio.to_thread.run_sync(lambda: self.unsubacks.get(timeout=WAIT))
 
     async def publish(
         self,

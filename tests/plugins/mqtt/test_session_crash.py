@@ -1,0 +1,83 @@
+"""A ``meshbus run`` node killed with SIGKILL and started again on its data directory
+still has its persistent MQTT sessions: paho-mqtt devices, one away and one connected
+at the kill, get every QoS 1 message the node acknowledged for them."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.processes import Child
+
+from ._clients import V5, V311, Paho
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(sys.platform == "win32", reason="no SIGKILL on Windows"),
+]
+
+CONFIG = """
+[node]
+name = "edge"
+data_dir = "data"
+
+[[mqtt.listeners]]
+host = "127.0.0.1"
+port = {port}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def meshbus_run(tmp_path: Path) -> Iterator[Child]:
+    child = Child([sys.executable, "-m", "meshbus", "run", "edge.toml"], tmp_path)
+    try:
+        child.wait_for("meshbus run: node edge listening")
+        yield child
+    finally:
+        child.close()
+
+
+@pytest.mark.parametrize("protocol", [V311, V5], ids=["3.1.1", "5"])
+async def test_persistent_sessions_survive_a_kill_9(tmp_path: Path, protocol: int) -> None:
+    port = free_port()
+    (tmp_path / "edge.toml").write_text(CONFIG.format(port=port))
+    options = {"clean_session": False} if protocol == V311 else {}
+    with meshbus_run(tmp_path) as node:
+        away = Paho(port, "away", protocol, **options)
+        await away.connect(clean_start=False, session_expiry=3600)
+        await away.subscribe(("orders/#", 1))
+        await away.disconnect()
+        online = Paho(port, "online", protocol, **options)
+        online.client.manual_ack_set(True)  # it takes them and acknowledges none
+        await online.connect(clean_start=False, session_expiry=3600)
+        await online.subscribe(("orders/#", 1))
+        shop = Paho(port, "shop", protocol)
+        await shop.connect()
+        for i in range(20):
+            await shop.publish(f"orders/{i}", b"%d" % i, qos=1)  # acknowledged by the node
+        assert len(await online.receive_many(20)) == 20  # sent, not acknowledged
+        node.finish(signal.SIGKILL)
+        await shop.disconnect()
+        await online.disconnect()
+    with meshbus_run(tmp_path):
+        for name in ("away", "online"):
+            device = Paho(port, name, protocol, **options)
+            await device.connect(clean_start=False, session_expiry=3600)
+            assert device.connack[0].session_present, name
+            got = await device.receive_many(20)
+            assert sorted(int(m.payload) for m in got) == list(range(20)), name
+            assert [int(m.payload) for m in got] == list(range(20)), name  # in order
+            await device.disconnect()
