@@ -58,7 +58,6 @@ class Ident:
     conn: Conn | None = None
     session: bool = False  # the node has a session for it
     durable: bool = False  # that session outlives its connection
-    uncertain: bool = False  # the node restarted since: it may have lost the session
     incarnation: int = 0
     subs: dict[str, Sub] = attrs.Factory(dict)
 
@@ -208,8 +207,12 @@ class Chaos:
             self.client_acked.discard(key)
         self.arrived()
 
-    def acked_by_client(self, conn: Conn, mid: int) -> None:
+    def acked_by_client(self, conn: Conn, mid: int, pid: int) -> None:
         self.client_acked.add((conn.name, conn.incarnation, mid))
+        for got in reversed(self.received_list):
+            if got.name == conn.name and got.serial == conn.serial and got.pid == pid:
+                got.acked = True
+                break
 
     # --- the steps --------------------------------------------------------------------
 
@@ -375,9 +378,7 @@ class Chaos:
             return
         clean = conn.clean
         expected = ident.session and not clean
-        if ident.uncertain and not clean:
-            pass  # a restart may have cost it its session: CONNACK says
-        elif connack.present != expected:
+        if connack.present != expected:
             self.fail(
                 "session present",
                 f"{conn!r}: CONNACK says session present {connack.present}, expected {expected}",
@@ -386,7 +387,6 @@ class Chaos:
             ident.incarnation += 1
             ident.subs = {}
         ident.session = True
-        ident.uncertain = False
         ident.durable = ident.kind.persistent and (ident.kind.v5 or not clean)
         conn.incarnation = ident.incarnation
         ident.conn = conn
@@ -541,8 +541,8 @@ class Chaos:
             if not ident.durable:
                 ident.session = False
                 ident.subs = {}
-            elif ident.session:
-                ident.uncertain = True
+            # A durable session outlives the restart: the node keeps it in its data
+            # directory, with its queue.
         await self.stop_node()
         for conn in self.conns:  # the node closed them: our ends too
             await conn.close(polite=False)
@@ -697,19 +697,48 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
             + (" at QoS 1" if q1 else ""),
         )
 
+    # Retained values a new subscription gets. A QoS 1 subscription's come through the
+    # session's queue: behind what the queue held already, one may come after the
+    # SUBSCRIBE's PINGRESP, during a later subscription, or on a later connection of
+    # the session; and one sent but not acknowledged comes again on a later connection,
+    # with DUP (MQTT-4.4.0-1). Each goes back to the subscription it was for.
+    # 1. Copies sent again: DUP, after a copy of the same value to the same session
+    #    on another connection that the client did not acknowledge.
+    unacked_on: dict[tuple[str, int, int | None], int] = {}
+    for got in chaos.received_list:
+        if not (got.retain and got.qos == 1):
+            continue
+        key = (got.name, got.incarnation, got.mid)
+        if got.dup and unacked_on.get(key, got.serial) != got.serial:
+            if got.window is not None and got in chaos.windows[got.window].got:
+                chaos.windows[got.window].got.remove(got)
+            got.resent = True
+            continue
+        if not got.acked:
+            unacked_on[key] = got.serial
+    # 2. First copies that came when no subscription was going on.
+    for got in chaos.received_list:
+        if got.retain and got.window is None and got.qos == 1 and not got.resent:
+            late = chaos.late_window(got)
+            if late is not None:
+                late.got.append(got)
+                got.window = chaos.windows.index(late)
+    # 3. First copies that came during a later subscription than theirs.
+    for window in chaos.windows:
+        mids = [g.mid for g in window.got]
+        due = set(window.expected.values())
+        for got in list(window.got):
+            if got.qos == 1 and (mids.count(got.mid) > 1 or got.mid not in due):
+                earlier = chaos.late_window(got, before=window)
+                if earlier is not None:
+                    window.got.remove(got)
+                    earlier.got.append(got)
+                    mids.remove(got.mid)
     # Every copy: allowed, at the right QoS, with the right flags, not too often.
     copies: dict[tuple[str, int], list[Got]] = defaultdict(list)
     retained_q1: set[tuple[str, int, int | None]] = set()  # at QoS 1 on a subscribe
     for got in chaos.received_list:
         where = f"{got.name}#{got.serial} (step {got.step})"
-        if got.retain and got.window is None and got.qos == 1:
-            # A QoS 1 retained value goes through the session's queue: behind what
-            # the queue held already, it may come after the SUBSCRIBE's PINGRESP, or on
-            # a later connection of the session (with DUP if it was sent before).
-            late = chaos.late_window(got)
-            if late is not None:
-                late.got.append(got)
-                got.window = chaos.windows.index(late)
         if got.retain:
             key = (got.name, got.incarnation, got.mid)
             if got.window is not None:
@@ -785,28 +814,6 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
                 f"order: {mids}",
             )
 
-    # Retained values a new subscription gets. A QoS 1 subscription's come through the
-    # session's queue, so one an earlier subscription was due may come during a later
-    # one: it goes back to the earlier one.
-    # QoS 1 retained values a session got, and on which connection.
-    had: dict[tuple[str, int, int | None], int] = {}
-    for window in chaos.windows:
-        mids = [g.mid for g in window.got]
-        due = set(window.expected.values())
-        for got in list(window.got):
-            key = (got.name, got.incarnation, got.mid)
-            if got.qos == 1 and got.dup and had.get(key, got.serial) != got.serial:
-                window.got.remove(got)  # sent again on a later connection, as it must be
-                mids.remove(got.mid)
-                continue
-            if got.qos == 1:
-                had[key] = got.serial
-            if got.qos == 1 and (mids.count(got.mid) > 1 or got.mid not in due):
-                earlier = chaos.late_window(got, before=window)
-                if earlier is not None:
-                    window.got.remove(got)
-                    earlier.got.append(got)
-                    mids.remove(got.mid)
     for window in chaos.windows:
         where = (
             f"step {window.step}: {window.name}#{window.serial} subscribing "

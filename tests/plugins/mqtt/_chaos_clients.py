@@ -197,6 +197,8 @@ class Got:
     order: int  # in all that arrived, everywhere
     step: int
     window: int | None  # the subscribe step it came after (None: none going on)
+    acked: bool = False  # the client sent its PUBACK (a QoS 1 one)
+    resent: bool = False  # a retained value sent again (DUP) on a later connection
 
 
 class Conn:
@@ -336,7 +338,7 @@ class Conn:
     async def ack(self, pid: int) -> None:
         mid = self.unacked.pop(pid, None)
         if mid is not None:
-            self.chaos.acked_by_client(self, mid)
+            self.chaos.acked_by_client(self, mid, pid)
         data = mqtt5.PubAckPacket(pid).write() if self.v5 else b"\x40\x02" + pid.to_bytes(2, "big")
         await self.send(data)
 
