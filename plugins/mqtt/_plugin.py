@@ -59,6 +59,14 @@ async def _running(node: Node) -> AsyncIterator[None]:
 
 
 @hookimpl
+def meshbus_vpn_removed(vpn: Vpn) -> None:
+    registry = vpn.node.stash.get(REGISTRY, None)
+    # Not when the node stops (vpn.removed is not set then): its sessions are kept.
+    if registry is not None and vpn.removed:
+        registry.vpn_removed(vpn.name)
+
+
+@hookimpl
 def meshbus_vpn_statistics(vpn: Vpn) -> dict[str, Any] | None:
     listeners = [x for x in listeners_of(vpn.node) if x.settings.vpn == vpn.name]
     if not listeners:

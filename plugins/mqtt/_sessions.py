@@ -135,8 +135,8 @@ class SessionRegistry:
         """Keep ``session`` on disk (a node with a data directory), or forget its file
         when it would not outlive its connection."""
         files = self.files
-        if files is None:
-            return
+        if files is None or self.sessions.get((session.vpn, session.client_id)) is not session:
+            return  # ended already (its VPN was removed, a clean start took over)
         if session.expiry == 0:
             if session.saved_once:
                 files.remove(session.vpn, session.client_id)
@@ -155,7 +155,7 @@ class SessionRegistry:
         for saved in files.read_all():
             try:
                 self.node.vpn(saved.vpn)
-            except ConfigurationError as exc:
+            except StateError as exc:  # the configuration has no such VPN any more
                 log.warning("MQTT session of client %r not restored: %s", saved.client_id, exc)
                 continue
             session = MqttSession(saved.vpn, saved.client_id, saved.expiry)
@@ -271,6 +271,17 @@ class SessionRegistry:
         name = f"meshbus mqtt expiry {session.client_id}"
         with contextlib.suppress(StateError):  # the node is stopping: nothing outlives it
             self.node.task_group.start_soon(expire, name=name)
+
+    def vpn_removed(self, vpn: str) -> None:
+        """``vpn`` is gone, with its queues: its sessions end, and their files go."""
+        for key, session in list(self.sessions.items()):
+            if key[0] == vpn:
+                del self.sessions[key]
+                session.generation += 1  # its expiry timer stands down
+                session.queue = None
+                if session.saved_once and self.files is not None:
+                    self.files.remove(session.vpn, session.client_id)
+                    session.saved_once = False
 
     async def close(self) -> None:
         """At node stop: sessions that would not outlive their connection go."""

@@ -16,7 +16,7 @@ from meshbus.plugins.mqtt._listener import REGISTRY
 from meshbus.plugins.mqtt._saved_sessions import SavedSession
 from meshbus.testing import ManualClock
 
-from ._clients import V5, V311, Paho
+from ._clients import V5, V311, Paho, eventually
 
 BOTH = pytest.mark.parametrize("protocol", [V311, V5], ids=["3.1.1", "5"])
 
@@ -199,3 +199,33 @@ def test_a_session_file_reads_back_what_was_written() -> None:
 def test_a_damaged_session_file_says_what_is_wrong(change: dict[str, object], says: str) -> None:
     with pytest.raises(ValueError, match=says):
         SavedSession.from_json(orjson.dumps({**GOOD, **change}))
+
+
+@pytest.mark.anyio
+async def test_sessions_of_a_removed_vpn_end_with_it_and_an_unknown_vpn_s_are_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Node(name="edge", data_dir=tmp_path) as node:
+        node.create_vpn("site")
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0, vpn="site"))
+        registry = node.stash[REGISTRY]
+        for name in ("one", "two"):
+            device = Paho(listener.port, name, V5)
+            await device.connect(clean_start=False, session_expiry=3600)
+            await device.subscribe(("t/#", 1))
+            if name == "one":
+                await device.disconnect()
+        assert len(list((tmp_path / "mqtt-sessions").glob("*.json"))) == 2
+        node.remove_vpn("site")
+        await eventually(lambda: not registry.sessions)
+        assert not list((tmp_path / "mqtt-sessions").glob("*.json"))
+        # A file whose VPN the node no longer has (its configuration changed).
+        node.create_vpn("site")
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0, vpn="site"))
+        device = Paho(listener.port, "three", V5)
+        await device.connect(clean_start=False, session_expiry=3600)
+        await device.disconnect()
+        await eventually(lambda: registry.sessions["site", "three"].connection is None)
+    async with Node(name="edge", data_dir=tmp_path) as node:  # no VPN "site"
+        assert not node.stash[REGISTRY].sessions
+    assert "no VPN named 'site'" in caplog.text
