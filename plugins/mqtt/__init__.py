@@ -11,8 +11,9 @@ certificates and ACLs, and publish and subscribe beside native sessions:
   once the node holds it (QoS 2 with its PUBREC/PUBREL/PUBCOMP exchange);
 * a QoS 1 subscription is a subscription of the client's own queue
   (``mqtt/<client id>``), so a persistent session (clean session 0, or a session
-  expiry interval) gets what was published while it was away; QoS 2 is granted
-  as 1. A message published at QoS 0 reaches it at QoS 0;
+  expiry interval) gets what was published while it was away, across a restart or
+  crash of a node with a data directory too; QoS 2 is granted as 1. A message
+  published at QoS 0 reaches it at QoS 0;
 * retained messages (the ``retained`` plugin), will messages (with their delay),
   keepalive, session takeover, session expiry;
 * MQTT 5: user properties are headers, response topic and correlation data are
