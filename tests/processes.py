@@ -4,6 +4,7 @@ processes (``meshbus run``, a node in a script of its own)."""
 from __future__ import annotations
 
 import queue
+import socket
 import subprocess
 import threading
 import time
@@ -12,6 +13,13 @@ from pathlib import Path
 from typing import IO
 
 WAIT = 30.0  # seconds any one step may take before the test gives up
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a child's listener)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 class Child:

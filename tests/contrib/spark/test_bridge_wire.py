@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,6 +28,7 @@ from meshbus.contrib.spark import (
 )
 from meshbus.contrib.spark._client import NodeClient, NodeTarget
 from meshbus.contrib.spark._options import parse_urls
+from tests.processes import free_port
 
 EVENTS = {"subscribe": ["events/>"]}
 ORDERS = {"queue": "orders"}
@@ -491,12 +491,6 @@ async def test_an_unknown_op_is_refused_and_the_connection_still_serves() -> Non
         with pytest.raises(BridgeError, match="unknown request 'explode'"):
             await worker("explode")
         assert await worker("stats") == json.loads(json.dumps(bridge.statistics()))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_a_client_to_a_closed_port_is_unavailable_and_names_the_address() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pytest
 
 from meshbus import MeshbusError
 from meshbus.transports import connect
-from tests.processes import Child
+from tests.processes import Child, free_port
 
 TRIALS = 10
 pytestmark = [
@@ -69,12 +68,6 @@ remotes = ["tcp://127.0.0.1:{a_port}"]
 queues = ["Q"]
 backoff = {{ initial = 0.1, maximum = 0.5 }}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Nodes:

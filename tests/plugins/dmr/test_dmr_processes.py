@@ -10,7 +10,6 @@ figure, within generous limits; polling the statistics is the one place that sle
 from __future__ import annotations
 
 import signal
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -22,7 +21,7 @@ import pytest
 
 from meshbus.transports import RemoteSession, TlsSettings, connect
 from meshbus.transports.certs import make_ca, make_server_certificate
-from tests.processes import WAIT, Child
+from tests.processes import WAIT, Child, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -48,12 +47,6 @@ peers = {{ {peers} }}
 backoff = {{ initial = 0.2, maximum = 1.0 }}
 {dmr_tls}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Cluster:

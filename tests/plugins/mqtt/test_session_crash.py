@@ -5,7 +5,6 @@ at the kill, get every QoS 1 message the node acknowledged for them."""
 from __future__ import annotations
 
 import signal
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import Child
+from tests.processes import Child, free_port
 
 from ._clients import V5, V311, Paho
 
@@ -32,12 +31,6 @@ data_dir = "data"
 host = "127.0.0.1"
 port = {port}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
