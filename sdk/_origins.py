@@ -39,6 +39,12 @@ class OriginFilter:
     follows is still spooled there, to its endpoints only (:meth:`check_guaranteed`),
     however long it took. Until it comes, its copy is remembered: at most half of
     ``max_entries`` such origins are kept, the oldest let go first.
+
+    A guaranteed message can wait in queues for long on its way, so the origins of
+    those this VPN had whole (spooled from a link) or sent over a link are kept for
+    room, not time, too (another half of ``max_entries`` at most): its direct copy,
+    passed on by a node further down its way once that node took it at last, is then
+    still known here, however late it comes back.
     """
 
     __slots__ = (
@@ -46,7 +52,7 @@ class OriginFilter:
         "_count",
         "_current",
         "_half",
-        "_holding",
+        "_kept",
         "_now",
         "_previous",
         "_previous_count",
@@ -75,8 +81,9 @@ class OriginFilter:
         self._rotate_at = float("inf")  # when the current generation is window seconds old
         # Origins seen only as the direct copy of a guaranteed message, oldest first.
         self._copies: dict[tuple[str, int], None] = {}
-        # Origins of messages out over links and not yet taken (see hold), oldest first.
-        self._holding: dict[tuple[str, int], None] = {}
+        # Origins of guaranteed messages this VPN had whole or sent over links, kept
+        # for room rather than time (see check_guaranteed and hold), oldest first.
+        self._kept: dict[tuple[str, int], None] = {}
 
     def __len__(self) -> int:
         return self._count + self._previous_count
@@ -90,7 +97,7 @@ class OriginFilter:
         old = self._previous.get(node)
         if old is not None and number in old:
             return True
-        if self._holding and origin in self._holding:
+        if self._kept and origin in self._kept:
             return True
         now = self._now()
         if now >= self._rotate_at or self._count >= self._half:
@@ -126,32 +133,49 @@ class OriginFilter:
         seen whole; spool it, but deliver no direct copy again) or ``SEEN``.
 
         Copies are not forgotten with their generation, only for room: the message
-        may wait in a queue far longer than the window before it follows its copy.
+        may wait in a queue far longer than the window before it follows its copy. And
+        a message taken whole is kept for room too: another node may hold it in a
+        queue for long before its direct copy comes back here.
         """
         if self._copies and self._copies.pop(origin, 0) is None:
             self.check(origin)
+            self._keep(origin)
             return COPY_SEEN
-        return SEEN if self.check(origin) else NEW
+        if self.check(origin):
+            return SEEN
+        self._keep(origin)
+        return NEW
 
     def remember(self, origin: tuple[str, int]) -> None:
         """Remember ``origin`` as seen now, for a whole window from now, even if it was
-        seen before."""
+        seen before (and no longer for room: see :meth:`forget`)."""
         self.forget(origin)
         self.check(origin)
 
     def hold(self, origin: tuple[str, int]) -> None:
-        """A message that left over a link and may come back: ``origin`` is seen until
-        :meth:`release`, however long that takes (at most half of ``max_entries`` are
-        held, the oldest let go first: a release that never comes costs nothing more)."""
-        holding = self._holding
-        holding[origin] = None
-        if len(holding) > self._half:
-            del holding[next(iter(holding))]
+        """A message that left over a link and may come back: ``origin`` is seen for as
+        long as there is room, however long that is."""
+        self._keep(origin)
 
     def release(self, origin: tuple[str, int]) -> None:
-        """The message of ``origin`` was taken (see :meth:`hold`): remember it from now."""
-        self._holding.pop(origin, None)
-        self.remember(origin)
+        """The message of ``origin`` was taken (see :meth:`hold`): still kept, now as the
+        newest, and remembered for a window from now too.
+
+        Kept for room, not time: the nodes down the message's way may hold it in their
+        own queues for long before they pass on its direct copy, which then comes back
+        here. This VPN had the message whole, so any copy is a duplicate here.
+        """
+        self.remember(origin)  # first: it forgets, then checks
+        self._keep(origin)
+
+    def _keep(self, origin: tuple[str, int]) -> None:
+        """Keep ``origin`` for room (the newest of at most half of ``max_entries``, the
+        oldest let go first)."""
+        kept = self._kept
+        kept.pop(origin, None)
+        kept[origin] = None
+        if len(kept) > self._half:
+            del kept[next(iter(kept))]
 
     def forget(self, origin: tuple[str, int], *, copy_seen: bool = False) -> None:
         """Forget ``origin``: the message was refused, and its next copy is not a duplicate.
@@ -159,6 +183,7 @@ class OriginFilter:
         :param copy_seen: its direct copy was delivered here before (what
             :meth:`check_guaranteed` said): remember that again.
         """
+        self._kept.pop(origin, None)
         node, number = origin
         for generation in (self._current, self._previous):
             ids = generation.get(node)

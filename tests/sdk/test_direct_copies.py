@@ -95,6 +95,32 @@ def test_a_held_origin_is_seen_until_released_and_a_window_after() -> None:
     assert not seen.check(("a", 2))
 
 
+def test_a_message_taken_whole_or_passed_on_is_kept_for_room_not_time() -> None:
+    clock = ManualClock()
+    seen = OriginFilter(clock.monotonic, window=10, max_entries=8)
+    assert seen.check_guaranteed(("a", 1)) == NEW  # spooled here from a link
+    seen.hold(("a", 2))  # sent on over a link...
+    seen.release(("a", 2))  # ...and taken there at once
+    for n in range(20):  # generations come and go
+        clock.advance(3)
+        seen.check(("x", n))
+    assert seen.check_copy(("a", 1))  # its copy, back from a node that held it long
+    assert seen.check_copy(("a", 2))
+    for n in range(3, 8):  # more than there is room for: the oldest are let go
+        seen.check_guaranteed(("a", n))
+    clock.advance(30)
+    seen.check(("x", 99))
+    assert not seen.check(("a", 1))
+
+
+def test_a_refused_message_is_forgotten_for_room_too() -> None:
+    clock = ManualClock()
+    seen = OriginFilter(clock.monotonic, window=10, max_entries=100)
+    assert seen.check_guaranteed(("a", 1)) == NEW
+    seen.forget(("a", 1))  # the local queue refused it: the sender tries again
+    assert seen.check_guaranteed(("a", 1)) == NEW
+
+
 def test_remember_keeps_an_origin_for_a_window_from_now() -> None:
     clock = ManualClock()
     seen = OriginFilter(clock.monotonic, window=10, max_entries=100)

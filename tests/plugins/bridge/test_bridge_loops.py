@@ -125,3 +125,61 @@ async def test_a_mapped_topic_keeps_its_origin_so_a_loop_through_mappings_stops(
     assert got == [[("a/x", 0)], [("b/x", 1)]]
     dropped = opened[0].link.statistics().dropped
     assert dropped.get("duplicate") == 1
+
+
+async def test_a_message_passed_on_down_a_chain_of_queues_is_known_when_it_comes_back(
+    mesh: Mesh,
+) -> None:
+    # x's queue is pulled by y, y's by z, whose full queue refuses the message for far
+    # longer than the origin window; z's subscribers' copy then goes back to x over a
+    # '>' bridge. x passed the message on long before: it must still know it.
+    x, y, z = [await mesh.start(n) for n in ("x", "y", "z")]
+    x.guaranteed.create_queue("QX", subscriptions=["g/>"])
+    y.guaranteed.create_queue("QY", subscriptions=["g/>"])
+    z.guaranteed.create_queue("QZ", subscriptions=["g/>"], max_messages=1)
+    bridges = [
+        open_bridge(
+            node.vpn(),
+            BridgeSettings(
+                name,
+                remotes=[mesh.network.connectable(peer, source=node.name)],
+                hop_count_limit=8,
+                **options,  # type: ignore[arg-type]
+            ),
+        )
+        for node, name, peer, options in (
+            (y, "pull-x", "x", {"queues": ["QX"]}),
+            (z, "pull-y", "y", {"queues": ["QY"]}),
+            (x, "all-of-z", "z", {"subscriptions": [">"]}),
+        )
+    ]
+    await mesh.clock.wait_for(lambda: all(b.state is LinkState.IN_SYNC for b in bridges), within=30)
+    watcher = reader(x, topic_filter="g/>")
+    await z.connect().send("g/first", b"fills QZ")
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(watcher)] == [b"fills QZ"]  # z's copy, over the bridge
+    await x.connect().send("g/second", b"from x")
+    chatter = z.connect()
+    for n in range(12):  # QZ is full: z refuses it, and y offers it again and again,
+        chatter.publish("other/news", b"%d" % n)  # while other messages cross to x
+        await mesh.clock.run(5)
+    assert [m.payload for m in drain(watcher)] == [b"from x"]
+    assert x.guaranteed.queue("QX").usage()[0] == 0  # y took it from x at once
+    assert y.guaranteed.queue("QY").usage()[0] == 1
+    flow = await z.connect().bind("QZ")
+    first = await flow.receive()
+    flow.ack(first)
+    await mesh.clock.run(5)  # QZ has room: z takes it, and its copy goes back to x
+    assert z.guaranteed.queue("QZ").usage()[0] == 1
+    assert drain(watcher) == []  # x's subscriber had it already
+    assert bridges[2].statistics().dropped == {"duplicate": 1}
+
+
+def reader(node: Node, topic_filter: str = ">"):  # type: ignore[no-untyped-def]
+    session = node.vpn().open_session(client_name="reader")
+    session.subscribe(topic_filter)
+    return session
+
+
+def drain(session) -> list:  # type: ignore[no-untyped-def,type-arg]
+    return list(iter(session.receive_nowait, None))
