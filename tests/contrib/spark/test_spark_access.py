@@ -17,7 +17,7 @@ from meshbus import DEFAULT_PLUGINS, Node
 from meshbus.contrib.spark import SparkBridge
 from meshbus.transports import ListenerSettings, TlsSettings
 from meshbus.transports.certs import make_ca, make_server_certificate
-from tests.plugins.dmr.test_dmr_processes import free_port
+from tests.processes import free_port
 
 from .conftest import blocking
 

@@ -21,8 +21,7 @@ import pytest
 
 from meshbus.transports import TlsSettings, connect
 from meshbus.transports.certs import make_ca, make_server_certificate
-from tests.plugins.dmr.test_dmr_processes import free_port
-from tests.processes import Child
+from tests.processes import Child, free_port
 
 pytestmark = [
     pytest.mark.slow,  # about a minute and a half: three Spark applications on a cluster

@@ -154,16 +154,21 @@ async def test_a_message_passed_on_down_a_chain_of_queues_is_known_when_it_comes
         )
     ]
     await mesh.clock.wait_for(lambda: all(b.state is LinkState.IN_SYNC for b in bridges), within=30)
-    watcher = reader(x, topic_filter="g/>")
+    watcher = x.connect()
+    watcher.subscribe("g/>")
+
+    def drain() -> list[bytes]:
+        return [m.payload for m in iter(watcher.receive_nowait, None)]
+
     await z.connect().send("g/first", b"fills QZ")
     await mesh.clock.settle()
-    assert [m.payload for m in drain(watcher)] == [b"fills QZ"]  # z's copy, over the bridge
+    assert drain() == [b"fills QZ"]  # z's copy, over the bridge
     await x.connect().send("g/second", b"from x")
     chatter = z.connect()
     for n in range(12):  # QZ is full: z refuses it, and y offers it again and again,
         chatter.publish("other/news", b"%d" % n)  # while other messages cross to x
         await mesh.clock.run(5)
-    assert [m.payload for m in drain(watcher)] == [b"from x"]
+    assert drain() == [b"from x"]
     assert x.guaranteed.queue("QX").usage()[0] == 0  # y took it from x at once
     assert y.guaranteed.queue("QY").usage()[0] == 1
     flow = await z.connect().bind("QZ")
@@ -171,15 +176,5 @@ async def test_a_message_passed_on_down_a_chain_of_queues_is_known_when_it_comes
     flow.ack(first)
     await mesh.clock.run(5)  # QZ has room: z takes it, and its copy goes back to x
     assert z.guaranteed.queue("QZ").usage()[0] == 1
-    assert drain(watcher) == []  # x's subscriber had it already
+    assert drain() == []  # x's subscriber had it already
     assert bridges[2].statistics().dropped == {"duplicate": 1}
-
-
-def reader(node: Node, topic_filter: str = ">"):  # type: ignore[no-untyped-def]
-    session = node.vpn().open_session(client_name="reader")
-    session.subscribe(topic_filter)
-    return session
-
-
-def drain(session) -> list:  # type: ignore[no-untyped-def,type-arg]
-    return list(iter(session.receive_nowait, None))

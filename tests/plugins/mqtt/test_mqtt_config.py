@@ -29,8 +29,7 @@ from meshbus.plugins.mqtt import (
 )
 from meshbus.transports import connect
 from meshbus.transports.certs import make_ca, make_server_certificate
-from tests.plugins.dmr.test_dmr_processes import free_port
-from tests.processes import Child
+from tests.processes import Child, free_port
 
 from ._clients import V5, V311, Paho
 
