@@ -246,6 +246,35 @@ class Vpn:
             user, username, client_name, profile, acl, no_local, on_message, timestamps, replace
         )
 
+    def open_session_for(
+        self,
+        username: str,
+        client_name: str | None = None,
+        *,
+        user: ClientUsername | None = None,
+    ) -> Session:
+        """Open a session as ``username`` without its credentials, for a plugin that acts
+        for a client who logged in earlier and is gone (an MQTT will published once
+        its delay is up, or after a node restart). ``user``: what that login resolved
+        the username to (a plugin's :func:`~meshbus.hookspecs.meshbus_authenticate`
+        may have); without it, the username must be configured. Either way it must be
+        enabled, and its ACL and client profiles apply as they are now.
+
+        :raises AuthenticationError: no such username, or it is disabled.
+        :raises AccessDeniedError: its ACL profile refuses connections now.
+        :raises StateError: the node is not running; the client name is in use.
+        """
+        client_name = self._check_can_open(username, client_name)
+        if user is None:
+            user = self._users.get(username)
+        if user is None and self.authentication == "none":
+            user = self._users["default"]
+        reason = (
+            "unknown username" if user is None else None if user.enabled else "username is disabled"
+        )
+        user, acl, profile = self._authorize(_Verdict(user, reason=reason), username)
+        return self._open(user, username, client_name, profile, acl, False, None, False)
+
     def _check_can_open(self, username: str, client_name: str | None) -> str:
         """Refuse what no credentials could make right; the client name to use."""
         if self.removed:

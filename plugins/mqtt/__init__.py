@@ -14,7 +14,8 @@ certificates and ACLs, and publish and subscribe beside native sessions:
   expiry interval) gets what was published while it was away, across a restart or
   crash of a node with a data directory too; QoS 2 is granted as 1. A message
   published at QoS 0 reaches it at QoS 0;
-* retained messages (the ``retained`` plugin), will messages (with their delay),
+* retained messages (the ``retained`` plugin), will messages (with their delay; a
+  will that waits is kept with its session, so it outlives a restart or crash too),
   keepalive, session takeover, session expiry;
 * MQTT 5: user properties are headers, response topic and correlation data are
   reply-to and correlation id, message expiry is the TTL, topic aliases from the

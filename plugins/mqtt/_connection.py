@@ -79,6 +79,7 @@ from ._reasons import (
 from ._sessions import MqttSession
 from ._subscribing import Subscribing
 from ._translate import publish_options
+from ._wills import PendingWill, publish_will
 
 if TYPE_CHECKING:
     from ._listener import MqttListener
@@ -128,7 +129,7 @@ class MqttConnection(Subscribing, Delivering):
         self.state: MqttSession | None = None
         self.flow: Flow | None = None
         self.keepalive = 0
-        self.will: Any = None
+        self.will: PendingWill | None = None  # this connection's, until it is settled
         self.client_max_packet: int | None = None
         self.client_receive_max = 65535
         self._write_lock = anyio.Lock()
@@ -257,7 +258,8 @@ class MqttConnection(Subscribing, Delivering):
         self.session = session
         session.leaves_out = self._no_local_out
         _own_retained(session)
-        self.will = will
+        if will is not None:
+            self.will = PendingWill.of(will, level == MQTT_5, username, session.user)
         self.keepalive = connect.keep_alive
         server_keepalive = None
         if level == MQTT_5 and (self.keepalive == 0 or self.keepalive > settings.max_keepalive):
@@ -295,13 +297,13 @@ class MqttConnection(Subscribing, Delivering):
             await old.stop()
             # MQTT 5 (3.1.4): the will of a client taken over is published, unless it
             # has a delay and the session goes on (the client came back within it).
-            if will is not None and (connect.clean_start or not will.will_delay_interval):
+            if will is not None and (connect.clean_start or not will.delay):
                 assert self.session is not None
-                await self._send_will(self.session, will)
+                self.listener.wills += await publish_will(self.session, will, self.client_id)
             # Its end may have ended the session too (one that did not outlive it).
             state = registry.get(vpn, self.client_id)
         if state is not None and connect.clean_start:
-            await registry.discard(state)
+            await registry.discard(state)  # a will that waits goes now, as the session ends
             state = None
         present = state is not None
         if state is None:
@@ -309,7 +311,8 @@ class MqttConnection(Subscribing, Delivering):
         state.expiry = expiry
         state.connection = self
         state.offline_since = None
-        state.generation += 1
+        state.generation += 1  # the client is back: a will that waits stands down
+        state.will = self.will
         self.state = state
         session = self.session
         assert session is not None
@@ -372,43 +375,30 @@ class MqttConnection(Subscribing, Delivering):
                     if not sub.queued:
                         for each in sub.filters:
                             session.unsubscribe(each)
-            if self.will is not None and session is not None:
-                await self._publish_will(state, session)
+            registry = self.listener.registry
+            will, self.will = self.will, None
+            state.will = None
+            delay = 0 if will is None else min(will.delay, state.expiry)
+            stopping = session is None or session.closed  # the node stops under it
+            if will is not None and (delay or stopping):
+                # It waits with the session, saved with it: for its delay, or, when the
+                # node stops, until it is back (a session that ends now publishes it).
+                state.will = will
+            elif will is not None and session is not None:
+                self.listener.wills += await publish_will(session, will, self.client_id)
             if state.expiry == 0:
-                await self.listener.registry.discard(state)
+                await registry.discard(state)
             else:
+                # The expiry counts from now, whatever the will does meanwhile.
                 state.offline_since = self.node.clock.time()
-                self.listener.registry.save(state)
-                self.listener.registry.expire_later(state)
+                registry.save(state)
+                registry.expire_later(state)
+                if state.will is not None and not stopping:
+                    registry.will_later(state, delay)
         finally:
             if session is not None:
                 session.close()
             self._ended.set()
-
-    async def _publish_will(self, state: MqttSession, session: Session) -> None:
-        will = self.will
-        self.will = None
-        delay = min(will.will_delay_interval, state.expiry) if self.codec and self.codec.v5 else 0
-        if delay:
-            generation = state.generation
-            clock = self.node.clock
-            await clock.sleep_until(clock.monotonic() + delay)
-            if state.generation != generation or session.closed:
-                return  # the client came back within the delay: no will
-        await self._send_will(session, will)
-
-    async def _send_will(self, session: Session, will: Any) -> None:
-        try:
-            options = publish_options(will)
-            payload = will.payload or b""
-            if will.qos:
-                ttl = will.message_expiry_interval
-                await session.send(will.topic, payload, ttl=ttl, retain=will.retain, **options)
-            else:
-                session.publish(will.topic, payload, retain=will.retain, **options)
-            self.listener.wills += 1
-        except MeshbusError as exc:
-            log.warning("will of MQTT client %r not published: %s", self.client_id, exc)
 
     # --- reading ------------------------------------------------------------------------
 

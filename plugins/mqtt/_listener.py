@@ -53,7 +53,8 @@ class MqttListenerStatistics:
     too_large: int
     """Messages not sent: over the client's maximum packet size."""
     wills: int
-    """Will messages published."""
+    """Will messages published as their connection ended, or was taken over (one that
+    waited for its delay counts in the VPN's ``mqtt.delayed_wills``)."""
 
 
 class MqttListener:

@@ -79,6 +79,8 @@ def meshbus_vpn_statistics(vpn: Vpn) -> dict[str, Any] | None:
             "sessions": len(sessions),
             "offline_sessions": sum(1 for s in sessions if s.connection is None),
             "expired_sessions": registry.expired,
+            "waiting_wills": sum(1 for s in sessions if s.will is not None and not s.connection),
+            "delayed_wills": registry.delayed_wills,
         }
     }
 

@@ -1,10 +1,11 @@
 """MQTT sessions kept on disk, so that a node that restarts on its data directory still
 has them: one small JSON file per persistent session, under ``mqtt-sessions/``.
 
-A file holds what the session is (its VPN, client id, expiry interval, subscriptions
-and queue) and when its client went away; it is written before the CONNACK,
-SUBACK or UNSUBACK that depends on it goes out, and when the connection ends. Its
-queue's messages live in the spool as they always did: the file only says whose
+A file holds what the session is (its VPN, client id, expiry interval, subscriptions,
+queue, and the will of its last connection while that waits: :mod:`._wills`) and when
+its client went away; it is written before the CONNACK, SUBACK or UNSUBACK that
+depends on it goes out, when the connection ends, and when its will is published.
+Its queue's messages live in the spool as they always did: the file only says whose
 they are. What a client was sent and has not acknowledged is sent again: after a
 crash it is sent again, flagged DUP, under a new packet id; the packet ids are kept
 when the connection ends (a node that stops ends it first), so after a clean restart
@@ -23,6 +24,8 @@ from typing import Any
 import orjson
 
 from meshbus import write_json_atomically
+
+from ._wills import PendingWill
 
 __all__ = ["SavedSession", "SessionFiles"]
 
@@ -43,6 +46,7 @@ class SavedSession:
         "queue_limit",
         "subscriptions",
         "vpn",
+        "will",
     )
 
     def __init__(
@@ -55,6 +59,7 @@ class SavedSession:
         offline_since: float | None,
         subscriptions: list[tuple[str, int, tuple[str, ...], bool, bool]],
         packet_ids: dict[int, int] | None = None,
+        will: PendingWill | None = None,
     ) -> None:
         self.vpn = vpn
         self.client_id = client_id
@@ -66,6 +71,8 @@ class SavedSession:
         self.subscriptions = subscriptions
         #: The packet id each queued message was last sent with (by spool id).
         self.packet_ids = packet_ids or {}
+        #: The will of its last connection, while it waits to be published.
+        self.will = will
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +94,7 @@ class SavedSession:
                 for mqtt_filter, qos, filters, no_local, rap in self.subscriptions
             ],
             "packet_ids": [[spool_id, pid] for spool_id, pid in self.packet_ids.items()],
+            "will": None if self.will is None else self.will.to_json(),
         }
 
     @classmethod
@@ -153,7 +161,9 @@ class SavedSession:
         queued = any(q and not f[0].startswith("#share/") for _, q, f, _, _ in subscriptions)
         if queue is None and queued:
             raise ValueError("QoS 1 subscriptions but no queue")
-        return cls(vpn, client_id, expiry, queue, limit, since, subscriptions, packet_ids)
+        raw_will = raw.get("will")
+        will = None if raw_will is None else PendingWill.from_json(raw_will)
+        return cls(vpn, client_id, expiry, queue, limit, since, subscriptions, packet_ids, will)
 
 
 def _text(raw: dict[str, Any], key: str) -> str:

@@ -23,6 +23,7 @@ import attrs
 from meshbus import ConfigurationError, MeshbusError, Node, StateError
 
 from ._saved_sessions import SavedSession, SessionFiles
+from ._wills import PendingWill, publish_will
 
 if TYPE_CHECKING:
     from ._connection import MqttConnection
@@ -84,6 +85,9 @@ class MqttSession:
         self.packet_ids: dict[int, int] = {}
         self.reserved_ids: set[int] = set()  # the values of packet_ids
         self.saved_once = False  # whether it has a file (SessionRegistry.save)
+        #: The will of its last connection: set at CONNECT, gone at a normal
+        #: DISCONNECT; once the connection is lost, it waits here for its delay.
+        self.will: PendingWill | None = None
 
     def keep_id(self, spool_id: int, packet_id: int) -> None:
         """``spool_id`` went out as ``packet_id``: until it is acknowledged, it keeps it."""
@@ -114,6 +118,7 @@ class MqttSession:
             self.offline_since,
             subscriptions,
             dict(self.packet_ids) if self.connection is None else None,
+            self.will,
         )
 
     def __repr__(self) -> str:
@@ -130,6 +135,7 @@ class SessionRegistry:
         data_dir = node.data_dir
         self.files = SessionFiles(data_dir / "mqtt-sessions") if data_dir is not None else None
         self.restored = 0  # sessions a restart brought back
+        self.delayed_wills = 0  # wills published after their connection was gone
 
     def save(self, session: MqttSession) -> None:
         """Keep ``session`` on disk (a node with a data directory), or forget its file
@@ -162,6 +168,7 @@ class SessionRegistry:
             session.saved_once = True
             session.queue_limit = saved.queue_limit
             session.offline_since = now if saved.offline_since is None else saved.offline_since
+            session.will = saved.will
             for mqtt_filter, qos, filters, no_local, rap in saved.subscriptions:
                 sub = Subscribed(mqtt_filter, qos, filters, no_local, rap)
                 session.subscriptions[mqtt_filter] = sub
@@ -179,15 +186,18 @@ class SessionRegistry:
                 )
                 await self.discard(session)
                 continue
+            away = max(0.0, now - session.offline_since)
             left = None
             if session.expiry < NEVER:
-                left = session.expiry - max(0.0, now - session.offline_since)
-                if left <= 0:
+                left = session.expiry - away
+                if left <= 0:  # it ended while the node was down (its will is due)
                     self.expired += 1
                     await self.discard(session)
                     continue
             self.restored += 1
             self.expire_later(session, left)
+            if session.will is not None:  # its connection ended, by a crash if not before
+                self.will_later(session, max(0.0, session.will.delay - away))
         if self.restored:
             log.info("%d MQTT session(s) restored", self.restored)
 
@@ -217,7 +227,13 @@ class SessionRegistry:
         return session
 
     async def discard(self, session: MqttSession) -> None:
-        """Forget ``session`` and delete its queue (and what waits in it)."""
+        """End ``session``: publish its will if one waits (MQTT 5: a will goes when its
+        session ends, if not before), forget it and delete its queue (and what waits
+        in it)."""
+        session.generation += 1  # its timers stand down
+        if session.will is not None and session.connection is None:
+            with anyio.CancelScope(shield=True):
+                await self.publish_will(session)
         if self.sessions.get((session.vpn, session.client_id)) is session:
             del self.sessions[(session.vpn, session.client_id)]
             if session.saved_once and self.files is not None:
@@ -271,6 +287,49 @@ class SessionRegistry:
         name = f"meshbus mqtt expiry {session.client_id}"
         with contextlib.suppress(StateError):  # the node is stopping: nothing outlives it
             self.node.task_group.start_soon(expire, name=name)
+
+    def will_later(self, session: MqttSession, after: float) -> None:
+        """Publish the session's waiting will in ``after`` seconds, unless its client
+        connects again first or the session ends before (:meth:`discard` publishes it
+        then). A node that stops meanwhile keeps it in the session's file."""
+        generation = session.generation
+
+        async def publish() -> None:
+            clock = self.node.clock
+            await clock.sleep_until(clock.monotonic() + after)
+            if session.generation == generation and session.connection is None:
+                with anyio.CancelScope(shield=True):
+                    await self.publish_will(session)
+
+        name = f"meshbus mqtt will {session.client_id}"
+        with contextlib.suppress(StateError):  # the node is stopping: the file keeps it
+            self.node.task_group.start_soon(publish, name=name)
+
+    async def publish_will(self, session: MqttSession) -> bool:
+        """Publish the session's waiting will now, as its client's username, and forget
+        it; whether the node took it (a refusal is logged)."""
+        will, session.will = session.will, None
+        if will is None:
+            return False
+        published = False
+        try:
+            vpn = self.node.vpn(session.vpn)
+            try:
+                client = vpn.open_session_for(will.username, session.client_id, user=will.user)
+            except StateError:  # its client id is in use by a meshbus session meanwhile
+                client = vpn.open_session_for(will.username, user=will.user)
+            try:
+                published = await publish_will(client, will, session.client_id)
+            finally:
+                client.close()
+        except MeshbusError as exc:
+            log.warning("will of MQTT client %r not published: %s", session.client_id, exc)
+        finally:
+            # Only now: a crash before this publishes it again after the restart (a
+            # will may come twice, never not at all).
+            self.save(session)
+        self.delayed_wills += published
+        return published
 
     def vpn_removed(self, vpn: str) -> None:
         """``vpn`` is gone, with its queues: its sessions end, and their files go."""

@@ -205,6 +205,35 @@ async def test_auth_basic(meshbus_node: Node) -> None:
     assert meshbus_node.statistics().login_failures == len(refused) + 1
 
 
+async def test_a_plugin_opens_a_session_for_a_client_who_logged_in_before(
+    meshbus_node: Node,
+) -> None:
+    # What an MQTT will that waited needs once its client is gone: no password, the
+    # username's profiles as they are now, and no session for a username that went.
+    vpn = meshbus_node.create_vpn("secure", authentication="basic")
+    vpn.add_acl_profile(AclProfile("ro", publish_default="deny"))
+    vpn.add_user("alice", password="s3cret", acl_profile="ro")
+    session = vpn.open_session_for("alice", "device-7")
+    assert (session.client_name, session.username) == ("device-7", "alice")
+    assert session.acl_profile.name == "ro"
+    with pytest.raises(AccessDeniedError):
+        session.publish("status/device-7", b"offline")
+    with pytest.raises(StateError, match="in use"):
+        vpn.open_session_for("alice", "device-7")
+    session.close()
+    with pytest.raises(AuthenticationError):
+        vpn.open_session_for("mallory")
+    vpn.add_user("alice", password="s3cret", enabled=False)
+    with pytest.raises(AuthenticationError):
+        vpn.open_session_for("alice")
+    # What a plugin's authentication resolved the login to serves where it is given.
+    hooked = ClientUsername("hooked")
+    assert vpn.open_session_for("hooked", user=hooked).user is hooked
+    assert vpn.statistics().login_failures == 0  # none of this was a client's login
+    # Under authentication "none" an unknown username is the default user's, as at login.
+    assert meshbus_node.vpn().open_session_for("anyone").user.name == "default"
+
+
 # --- identities --------------------------------------------------------------------------------
 
 

@@ -151,6 +151,16 @@ async def test_a_damaged_session_file_is_set_aside_and_the_others_come_back(
     assert "not restored" in caplog.text
 
 
+GOOD_WILL = {
+    "topic": "status/c",
+    "payload": "b2ZmbGluZQ==",  # b"offline"
+    "qos": 1,
+    "retain": True,
+    "delay": 30,
+    "ttl": 600,
+    "options": {"headers": {"site": "north"}, "reply_to": "r", "correlation_id": "x"},
+    "username": "devices",
+}
 GOOD = {
     "version": 1,
     "vpn": "default",
@@ -169,6 +179,7 @@ GOOD = {
         }
     ],
     "packet_ids": [[7, 1]],
+    "will": GOOD_WILL,
 }
 
 
@@ -177,6 +188,15 @@ def test_a_session_file_reads_back_what_was_written() -> None:
     assert saved.to_json() == GOOD
     assert saved.subscriptions == [("t/#", 1, ("t", "t/>"), False, True)]
     assert saved.packet_ids == {7: 1}
+    assert saved.will is not None
+    assert (saved.will.payload, saved.will.delay, saved.will.username) == (
+        b"offline",
+        30,
+        "devices",
+    )
+    # A file from before wills were kept reads as one without a will.
+    older = SavedSession.from_json(orjson.dumps({k: v for k, v in GOOD.items() if k != "will"}))
+    assert older.will is None
 
 
 @pytest.mark.parametrize(
@@ -194,6 +214,14 @@ def test_a_session_file_reads_back_what_was_written() -> None:
         ({"subscriptions": [{"filter": "t", "qos": 2, "filters": ["t"]}]}, "bad subscription"),
         ({"packet_ids": [[7, 0]]}, "bad packet_ids"),
         ({"packet_ids": [[7, 1], [8, 1]]}, "twice"),
+        ({"will": []}, "bad will"),
+        ({"will": {**GOOD_WILL, "topic": ""}}, "bad will topic"),
+        ({"will": {**GOOD_WILL, "payload": "%%"}}, "bad will payload"),
+        ({"will": {**GOOD_WILL, "qos": 3}}, "bad will qos"),
+        ({"will": {**GOOD_WILL, "delay": -1}}, "bad will delay"),
+        ({"will": {**GOOD_WILL, "options": {"ttl": 1}}}, "bad will options"),
+        ({"will": {**GOOD_WILL, "options": {"headers": {"a": 1}}}}, "bad will headers"),
+        ({"will": {**GOOD_WILL, "options": {"reply_to": 1}}}, "bad will reply_to"),
     ],
 )
 def test_a_damaged_session_file_says_what_is_wrong(change: dict[str, object], says: str) -> None:

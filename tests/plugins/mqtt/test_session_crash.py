@@ -74,3 +74,24 @@ async def test_persistent_sessions_survive_a_kill_9(tmp_path: Path, protocol: in
             assert sorted(int(m.payload) for m in got) == list(range(20)), name
             assert [int(m.payload) for m in got] == list(range(20)), name  # in order
             await device.disconnect()
+
+
+async def test_the_will_of_a_device_connected_at_a_kill_9_goes_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    # The node's crash ended the device's connection: its will (retained here, so a
+    # subscriber after the restart can see it) is published once the node is back.
+    port = free_port()
+    (tmp_path / "edge.toml").write_text(CONFIG.format(port=port))
+    with meshbus_run(tmp_path) as node:
+        device = Paho(port, "device", V311, clean_session=False)
+        await device.connect(will=("status/device", b"offline", 1, True))
+        node.finish(signal.SIGKILL)
+        await device.disconnect()
+    with meshbus_run(tmp_path):
+        late = Paho(port, "late", V5)
+        await late.connect()
+        await late.subscribe(("status/#", 1))
+        kept = await late.receive()
+        assert (kept.topic, kept.payload, kept.retain) == ("status/device", b"offline", True)
+        await late.disconnect()
