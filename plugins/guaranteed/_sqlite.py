@@ -401,9 +401,17 @@ class SqliteStore(SpoolStore):
                 assert event is not None
                 try:
                     await event.wait()
-                except BaseException:  # cancelled
-                    self._abandon(ticket, leading=ticket.lead and not ticket.done)
-                    raise
+                except BaseException as exc:  # cancelled
+                    withdrawn = self._abandon(ticket, leading=ticket.lead and not ticket.done)
+                    if withdrawn or not isinstance(exc, anyio.get_cancelled_exc_class()):
+                        raise
+                    # Its commit has started: the operation counts, so it returns as
+                    # usual once committed, and its caller does what follows it (the
+                    # direct copies of a guaranteed publish, a retained value) before it
+                    # meets the cancellation, still pending, at its next checkpoint.
+                    with anyio.CancelScope(shield=True):
+                        while not ticket.done:
+                            await (ticket.event or batch.shared or event).wait()
                 if ticket.done:
                     if ticket.error is not None:
                         raise ticket.error
@@ -425,17 +433,19 @@ class SqliteStore(SpoolStore):
         if ticket.error is not None:
             raise ticket.error
 
-    def _abandon(self, ticket: _Ticket, leading: bool) -> None:
-        """A caller was cancelled: withdraw its operation if its commit has not started."""
+    def _abandon(self, ticket: _Ticket, leading: bool) -> bool:
+        """A caller was cancelled: withdraw its operation if its commit has not started;
+        whether it did."""
         batch = self._pending
         if ticket.done or ticket.batch is not batch:
-            return  # committed already, or being committed: it counts
+            return False  # committed already, or being committed: it counts
         batch.tickets.remove(ticket)
         if ticket.delta is not None:
             _merge(batch.delta, ticket.delta, -1)
             self._forget_marks(ticket)
         if leading:
             self._hand_off()  # pass the lead on, or go idle
+        return True
 
     async def _lead(self) -> None:
         """Commit the pending batch as one transaction, wake its callers, pass the lead on.

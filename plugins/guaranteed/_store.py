@@ -25,9 +25,12 @@ stores to it):
 * Bad arguments raise ``TypeError``/``ValueError`` before anything is queued (one bad
   call never fails other callers' commit); calls on a store that is not open raise
   :class:`~meshbus.StateError`; storage failures raise :class:`~meshbus.SpoolError`.
-* A call that is cancelled before its commit started is not applied. One cancelled
-  while its commit is running is applied (the commit is shared with other callers):
-  the caller cannot tell, exactly as when the process dies at that moment.
+* A call that is cancelled before its commit started is not applied, and raises the
+  cancellation. One cancelled once its commit has started is applied (the commit is
+  shared with other callers), and returns as usual when committed: its caller goes
+  on to what follows it (a guaranteed publish's direct copies, a retained value) and
+  meets the cancellation at its next checkpoint, so a publish counts whole or not at
+  all.
 """
 
 from __future__ import annotations
