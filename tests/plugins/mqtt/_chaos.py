@@ -124,6 +124,7 @@ class Chaos:
         self.tokens = 0
         self.received_list: list[Got] = []
         self.windows: list[Window] = []
+        self.polite: set[int] = set()  # connections the client ended with DISCONNECT
         self.client_acked: set[tuple[str, int, int]] = set()  # (name, incarnation, mid)
         self.last_pid: dict[tuple[str, int, int], tuple[int, int]] = {}  # -> (serial, pid)
         self.problems: dict[str, list[str]] = defaultdict(list)
@@ -394,6 +395,8 @@ class Chaos:
     async def lost(self, ident: Ident, conn: Conn, *, polite: bool) -> None:
         """The connection ends (DISCONNECT or not); wait until the node is done with it."""
         await conn.close(polite=polite)
+        if polite:  # the node read every PUBACK sent before the DISCONNECT
+            self.polite.add(conn.serial)
         ident.conn = None
         if not ident.durable:
             ident.session = False
@@ -702,20 +705,25 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
     # SUBSCRIBE's PINGRESP, during a later subscription, or on a later connection of
     # the session; and one sent but not acknowledged comes again on a later connection,
     # with DUP (MQTT-4.4.0-1). Each goes back to the subscription it was for.
-    # 1. Copies sent again: DUP, after a copy of the same value to the same session
-    #    on another connection that the client did not acknowledge.
-    unacked_on: dict[tuple[str, int, int | None], int] = {}
+    # 1. Copies sent again: DUP, each for a copy of the same value to the same session
+    #    on an earlier connection, under the same packet id (a resend keeps it:
+    #    MQTT-4.4.0-1), that may not have been settled: not acknowledged, or
+    #    acknowledged on a connection that ended without DISCONNECT (the node may not
+    #    have read the PUBACK). A DUP copy with no such copy is a first copy whose
+    #    earlier sending the client never read (it went with its connection).
+    unsettled: dict[tuple[str, int, int | None], list[tuple[int, int | None]]] = defaultdict(list)
     for got in chaos.received_list:
         if not (got.retain and got.qos == 1):
             continue
         key = (got.name, got.incarnation, got.mid)
-        if got.dup and unacked_on.get(key, got.serial) != got.serial:
+        earlier = [(s, pid) for s, pid in unsettled[key] if s != got.serial and pid == got.pid]
+        if got.dup and earlier:
+            unsettled[key].remove(earlier[0])
             if got.window is not None and got in chaos.windows[got.window].got:
                 chaos.windows[got.window].got.remove(got)
             got.resent = True
-            continue
-        if not got.acked:
-            unacked_on[key] = got.serial
+        if not (got.acked and got.serial in chaos.polite):  # it may come again
+            unsettled[key].append((got.serial, got.pid))
     # 2. First copies that came when no subscription was going on.
     for got in chaos.received_list:
         if got.retain and got.window is None and got.qos == 1 and not got.resent:
