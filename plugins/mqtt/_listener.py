@@ -196,4 +196,5 @@ async def start_mqtt_listener(
         listener.run, name=f"meshbus mqtt listener {listener.settings.label}"
     )
     node.stash.setdefault(LISTENERS, []).append(listener)
+    registry.release_wills()
     return listener

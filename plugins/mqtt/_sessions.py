@@ -136,6 +136,9 @@ class SessionRegistry:
         self.files = SessionFiles(data_dir / "mqtt-sessions") if data_dir is not None else None
         self.restored = 0  # sessions a restart brought back
         self.delayed_wills = 0  # wills published after their connection was gone
+        #: Wills a restart brought back, held until the first listener opens (see
+        #: :meth:`release_wills`): (its session, or (VPN, client id) if it ended, will).
+        self._restored_wills: list[tuple[MqttSession | tuple[str, str], PendingWill]] = []
 
     def save(self, session: MqttSession) -> None:
         """Keep ``session`` on disk (a node with a data directory), or forget its file
@@ -192,12 +195,16 @@ class SessionRegistry:
                 left = session.expiry - away
                 if left <= 0:  # it ended while the node was down (its will is due)
                     self.expired += 1
+                    if session.will is not None:
+                        owner = (session.vpn, session.client_id)
+                        self._restored_wills.append((owner, session.will))
+                        session.will = None
                     await self.discard(session)
                     continue
             self.restored += 1
             self.expire_later(session, left)
             if session.will is not None:  # its connection ended, by a crash if not before
-                self.will_later(session, max(0.0, session.will.delay - away))
+                self._restored_wills.append((session, session.will))
         if self.restored:
             log.info("%d MQTT session(s) restored", self.restored)
 
@@ -288,6 +295,26 @@ class SessionRegistry:
         with contextlib.suppress(StateError):  # the node is stopping: nothing outlives it
             self.node.task_group.start_soon(expire, name=name)
 
+    def release_wills(self) -> None:
+        """Start the clocks of the wills a restart brought back, once the node serves
+        MQTT again (its first listener is open): by then its configured queues exist,
+        as do the sessions it restored, so the wills reach whoever subscribed to them,
+        and their clients can come back and cancel them."""
+        restored, self._restored_wills = self._restored_wills, []
+        now = self.node.clock.time()
+        for owner, will in restored:
+            if isinstance(owner, MqttSession):
+                if owner.will is will and owner.connection is None:
+                    since = owner.offline_since if owner.offline_since is not None else now
+                    self.will_later(owner, max(0.0, since + will.delay - now))
+                continue
+
+            async def publish(vpn: str, client_id: str, will: PendingWill) -> None:
+                self.delayed_wills += await self._publish(vpn, client_id, will)
+
+            with contextlib.suppress(StateError):
+                self.node.task_group.start_soon(publish, *owner, will)
+
     def will_later(self, session: MqttSession, after: float) -> None:
         """Publish the session's waiting will in ``after`` seconds, unless its client
         connects again first or the session ends before (:meth:`discard` publishes it
@@ -311,25 +338,29 @@ class SessionRegistry:
         will, session.will = session.will, None
         if will is None:
             return False
-        published = False
         try:
-            vpn = self.node.vpn(session.vpn)
-            try:
-                client = vpn.open_session_for(will.username, session.client_id, user=will.user)
-            except StateError:  # its client id is in use by a meshbus session meanwhile
-                client = vpn.open_session_for(will.username, user=will.user)
-            try:
-                published = await publish_will(client, will, session.client_id)
-            finally:
-                client.close()
-        except MeshbusError as exc:
-            log.warning("will of MQTT client %r not published: %s", session.client_id, exc)
+            published = await self._publish(session.vpn, session.client_id, will)
         finally:
             # Only now: a crash before this publishes it again after the restart (a
             # will may come twice, never not at all).
             self.save(session)
         self.delayed_wills += published
         return published
+
+    async def _publish(self, vpn_name: str, client_id: str, will: PendingWill) -> bool:
+        try:
+            vpn = self.node.vpn(vpn_name)
+            try:
+                client = vpn.open_session_for(will.username, client_id, user=will.user)
+            except StateError:  # its client id is in use by a meshbus session meanwhile
+                client = vpn.open_session_for(will.username, user=will.user)
+        except MeshbusError as exc:
+            log.warning("will of MQTT client %r not published: %s", client_id, exc)
+            return False
+        try:
+            return await publish_will(client, will, client_id)
+        finally:
+            client.close()
 
     def vpn_removed(self, vpn: str) -> None:
         """``vpn`` is gone, with its queues: its sessions end, and their files go."""

@@ -326,3 +326,29 @@ async def test_a_will_without_delay_at_a_stop_is_published_as_the_connection_end
         kept = await late.receive()
         assert (kept.payload, kept.retain) == (b"offline", True)
         await late.disconnect()
+
+
+async def test_a_restored_will_waits_for_the_listener_so_it_reaches_every_subscriber(
+    tmp_path: Path,
+) -> None:
+    # A restarted node publishes the wills it brought back once it serves MQTT again:
+    # by then the queues its configuration makes exist, and the persistent sessions it
+    # restored, so none of them misses a will that was due at the restart.
+    async with edge(ManualClock(), tmp_path) as listener:
+        monitor = Paho(listener.port, "monitor", V5)
+        await monitor.connect(clean_start=False, session_expiry=3600)
+        await monitor.subscribe(("status/#", 1))
+        await monitor.disconnect()
+        device = Paho(listener.port, "device", V311, clean_session=False)
+        await device.connect(will=("status/device", b"offline", 1, False))
+    async with Node(name="edge", clock=ManualClock(), data_dir=tmp_path) as node:
+        audit = node.guaranteed.create_queue("audit", subscriptions=["status/>"])
+        await anyio.wait_all_tasks_blocked()  # what the restart started has run
+        assert audit.usage()[0] == 0  # held until the listener opens
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        await eventually(lambda: audit.usage()[0] == 1)
+        monitor = Paho(listener.port, "monitor", V5)
+        await monitor.connect(clean_start=False, session_expiry=3600)
+        got = await monitor.receive()
+        assert (got.topic, got.payload) == ("status/device", b"offline")
+        await monitor.disconnect()
