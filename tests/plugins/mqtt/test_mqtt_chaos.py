@@ -46,7 +46,8 @@ from pathlib import Path
 
 import pytest
 
-from ._chaos import check, run_chaos
+from ._chaos import run_chaos
+from ._chaos_check import check
 from ._chaos_clients import Action
 
 pytestmark = pytest.mark.anyio
