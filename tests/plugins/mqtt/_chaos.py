@@ -31,6 +31,7 @@ from ._chaos_clients import (
     TOPICS,
     WAIT,
     WEIGHTS,
+    WILLS,
     Action,
     Conn,
     Ended,
@@ -40,6 +41,8 @@ from ._chaos_clients import (
     _mid,
     matches,
 )
+
+WILL_QUEUE = "chaos-wills"  # where every connection's will goes (see start_node)
 
 
 @attrs.define
@@ -125,6 +128,11 @@ class Chaos:
         self.received_list: list[Got] = []
         self.windows: list[Window] = []
         self.polite: set[int] = set()  # connections the client ended with DISCONNECT
+        #: Each accepted connection's will: "open" while it lasts, then "one" (it ended
+        #: without DISCONNECT: its will must come once), "none" (DISCONNECT), "maybe"
+        #: (a session that did not outlive it ended as the node stopped).
+        self.wills: dict[int, tuple[str, str, str]] = {}  # serial -> (client id, due, how)
+        self.wills_got: list[bytes] = []  # the will payloads the node published
         self.client_acked: set[tuple[str, int, int]] = set()  # (name, incarnation, mid)
         self.last_pid: dict[tuple[str, int, int], tuple[int, int]] = {}  # -> (serial, pid)
         self.problems: dict[str, list[str]] = defaultdict(list)
@@ -140,6 +148,10 @@ class Chaos:
     async def start_node(self) -> None:
         stack = contextlib.AsyncExitStack()
         self.node = await stack.enter_async_context(Node(name="edge", data_dir=self.data_dir))
+        # The wills go to a queue (kept across restarts), made before the listener opens
+        # as a configuration's would be: a restarted node publishes the wills it brought
+        # back then.
+        self.node.guaranteed.create_queue(WILL_QUEUE, subscriptions=[WILLS + ">"])
         self.listener = await start_mqtt_listener(
             self.node, MqttListenerSettings(port=0, max_inflight=MAX_INFLIGHT)
         )
@@ -152,6 +164,11 @@ class Chaos:
 
     def fail(self, kind: str, why: str) -> None:
         self.problems[kind].append(f"step {self.step}: {why}")
+
+    def ended(self, conn: Conn, due: str, how: str) -> None:
+        """``conn`` ended (``how``): what of its will is due."""
+        if self.wills.get(conn.serial, ("", "", ""))[1] == "open":
+            self.wills[conn.serial] = (conn.name, due, how)
 
     def arrived(self) -> None:
         self._arrived.set()
@@ -346,6 +363,7 @@ class Chaos:
         old = ident.conn
         if old is not None:
             old.expected_close = True  # taken over
+            self.ended(old, "one", "taken over")
             if not ident.durable:
                 # A session that lasts as long as its network connection (MQTT 3.1.1
                 # clean session 1, MQTT 5 expiry 0) ends with it: the new connection
@@ -391,10 +409,12 @@ class Chaos:
         ident.durable = ident.kind.persistent and (ident.kind.v5 or not clean)
         conn.incarnation = ident.incarnation
         ident.conn = conn
+        self.wills[conn.serial] = (conn.name, "open", "still open")
 
     async def lost(self, ident: Ident, conn: Conn, *, polite: bool) -> None:
         """The connection ends (DISCONNECT or not); wait until the node is done with it."""
         await conn.close(polite=polite)
+        self.ended(conn, "none" if polite else "one", "by DISCONNECT" if polite else "by a drop")
         if polite:  # the node read every PUBACK sent before the DISCONNECT
             self.polite.add(conn.serial)
         ident.conn = None
@@ -540,6 +560,9 @@ class Chaos:
         for ident in self.idents.values():
             if ident.conn is not None:
                 ident.conn.expected_close = True
+                # The node keeps the will with a session that outlives the stop.
+                how = "by a restart" if ident.durable else "with its session, at a restart"
+                self.ended(ident.conn, "one" if ident.durable else "maybe", how)
                 ident.conn = None
             if not ident.durable:
                 ident.session = False
@@ -650,11 +673,29 @@ class Chaos:
             late = [i.name for i in online if i.conn is not None and len(i.conn.markers) < 2]
             self.fail("markers", f"the end's markers did not reach {late}")
         self.step = len(self.steps)
+        self.steps.append("read the wills")
+        await self.read_wills()
+        self.step = len(self.steps)
         self.steps.append("audit the retained values")
         audit = self.idents[AUDIT] = Ident(AUDIT, Kind(v5=True, persistent=False))
         await self.connect(audit, clean=True)
         for mqtt_filter in ("t/#", "u/#"):
             await self.subscribe(audit, mqtt_filter, 1, False, 0)
+
+    async def read_wills(self) -> None:
+        """What the wills queue holds, once every will that is due has come (or
+        :data:`DUE` s on): ``check`` says what is missing."""
+        assert self.node is not None
+        queue = self.node.guaranteed.queue(WILL_QUEUE)
+        due = sum(1 for _, what, _ in self.wills.values() if what == "one")
+        with anyio.move_on_after(DUE):
+            while queue.usage()[0] < due:
+                await anyio.sleep(0.005)
+        store = self.node.guaranteed.store
+        after = 0
+        while page := await store.read(queue.endpoint, after):
+            self.wills_got += [entry.message.payload for entry in page]
+            after = page[-1].message.id
 
 
 async def run_chaos(

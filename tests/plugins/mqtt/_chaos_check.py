@@ -3,7 +3,7 @@ once, with the steps taken (the model and the run are in :mod:`._chaos`)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
 from ._chaos_clients import Got
@@ -31,6 +31,17 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
             f"{name} never got m{mid} ({msg.topic}, published q{msg.qos} at step {msg.step})"
             + (" at QoS 1" if q1 else ""),
         )
+
+    # Wills: once for each connection that ended without DISCONNECT (by a drop, a
+    # takeover, or a restart of the node while its session outlived it), never for
+    # one the client ended with DISCONNECT or one still open, never twice.
+    wills = Counter(chaos.wills_got)
+    for serial, (name, due, how) in sorted(chaos.wills.items()):
+        count = wills.pop(b"w%d" % serial, 0)
+        if (due == "one" and count != 1) or (due in ("none", "open") and count) or count > 1:
+            fail("will", f"{name}#{serial} (ended {how}) had its will published {count} times")
+    for payload in wills:
+        fail("will", f"a will of no connection was published: {payload!r}")
 
     # Retained values a new subscription gets. A QoS 1 subscription's come through the
     # session's queue: behind what the queue held already, one may come after the

@@ -32,6 +32,7 @@ MAX_INFLIGHT = 100  # the listener's max_inflight (the window of a 3.1.1 client)
 TOPICS = ("t/a", "t/b", "t/a/x", "u/a", "u/b/c")
 FILTERS = ("t/a", "t/b", "t/+", "t/#", "t/a/#", "u/#", "u/+/c", "+/a", "+/+")
 MARK_Q, MARK_D = "z/q/", "z/d/"  # the end's markers: no chaos filter matches them
+WILLS = "z/w/"  # every connection's will goes to z/w/<client id>: none matches it either
 
 # How often each kind of step is drawn.
 ACTIONS, WEIGHTS = zip(
@@ -236,10 +237,16 @@ class Conn:
         self.next_pid = self.next_pid % 65535 + 1
         return self.next_pid
 
+    @property
+    def will(self) -> tuple[str, bytes]:
+        """Its will's topic and payload (QoS 1, no delay): it names the connection."""
+        return WILLS + self.name, b"w%d" % self.serial
+
     async def open(self, port: int) -> In:
         self.stream = await anyio.connect_tcp("127.0.0.1", port)
         self.chaos.tg.start_soon(self.read)
         kind = self.kind
+        topic, payload = self.will
         if self.v5:
             expiry = 3600 if kind.persistent else 0
             data = mqtt5.ConnectPacket(
@@ -247,10 +254,13 @@ class Conn:
                 clean_start=self.clean,
                 session_expiry_interval=expiry,
                 receive_max=kind.receive_max,
+                will=mqtt5.Will(topic, payload=payload, qos=QoS.AT_LEAST_ONCE),
             ).write()
         else:
-            head = text("MQTT") + bytes([4, 0x02 if self.clean else 0]) + (60).to_bytes(2, "big")
-            data = packet(0x10, head + text(self.name))
+            flags = (0x02 if self.clean else 0) | 0x04 | 0x08  # a will, at QoS 1
+            head = text("MQTT") + bytes([4, flags]) + (60).to_bytes(2, "big")
+            will = text(topic) + len(payload).to_bytes(2, "big") + payload
+            data = packet(0x10, head + text(self.name) + will)
         await self.send(data)
         return await self.until(lambda: self._first("connack"), "CONNACK")
 

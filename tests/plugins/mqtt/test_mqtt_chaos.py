@@ -27,7 +27,11 @@ got is checked against what MQTT (and SPEC 4 for redeliveries) says:
 * live messages go out with RETAIN 0; a new subscription gets exactly the topics'
   current retained values (an empty retained payload cleared its topic), flagged, at
   the lower of the published and granted QoS, as its retain handling says;
-* no more QoS 1 messages are in flight to an MQTT 5 client than its receive maximum.
+* no more QoS 1 messages are in flight to an MQTT 5 client than its receive maximum;
+* every connection has a will (QoS 1, to a queue): it is published once for each
+  connection that ended without DISCONNECT (a drop, a takeover, or a restart of the
+  node while its session outlived it: after the restart), never for one ended with
+  DISCONNECT or still open, never twice.
 
 The clients are made by hand (MQTT 5 packets through ``mqtt5``, 3.1.1 byte by byte), so
 each step waits for the node's own answers (CONNACK, SUBACK, PUBACK, PINGRESP) rather
