@@ -127,7 +127,8 @@ class Chaos:
         self.tokens = 0
         self.received_list: list[Got] = []
         self.windows: list[Window] = []
-        self.polite: set[int] = set()  # connections the client ended with DISCONNECT
+        #: Connections the client ended with DISCONNECT, and the step it did so in.
+        self.polite: dict[int, int] = {}
         #: Each accepted connection's will: "open" while it lasts, then "one" (it ended
         #: without DISCONNECT: its will must come once), "none" (DISCONNECT), "maybe"
         #: (a session that did not outlive it ended as the node stopped).
@@ -416,7 +417,7 @@ class Chaos:
         await conn.close(polite=polite)
         self.ended(conn, "none" if polite else "one", "by DISCONNECT" if polite else "by a drop")
         if polite:  # the node read every PUBACK sent before the DISCONNECT
-            self.polite.add(conn.serial)
+            self.polite[conn.serial] = self.step
         ident.conn = None
         if not ident.durable:
             ident.session = False
@@ -603,6 +604,10 @@ class Chaos:
             if before is not None and window.step >= before.step:
                 continue
             if window.incarnation != got.incarnation or window.qos != 1:
+                continue
+            if got.dup and window.serial == got.serial:
+                # A copy with DUP was handed out before, on an earlier connection (the
+                # connection may have ended before it was written): not this one's.
                 continue
             if got.mid in window.expected.values() and got.mid not in {g.mid for g in window.got}:
                 return window

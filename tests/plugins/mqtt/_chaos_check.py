@@ -51,9 +51,10 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
     # 1. Copies sent again: DUP, each for a copy of the same value to the same session
     #    on an earlier connection, under the same packet id (a resend keeps it:
     #    MQTT-4.4.0-1), that may not have been settled: not acknowledged, or
-    #    acknowledged on a connection that ended without DISCONNECT (the node may not
-    #    have read the PUBACK). A DUP copy with no such copy is a first copy whose
-    #    earlier sending the client never read (it went with its connection).
+    #    acknowledged on a connection that ended without DISCONNECT, or in the step
+    #    that sent it (the node may not have read the PUBACK). A DUP copy with no
+    #    such copy is a first copy whose earlier sending the client never read (it
+    #    went with its connection).
     unsettled: dict[tuple[str, int, int | None], list[tuple[int, int | None]]] = defaultdict(list)
     for got in chaos.received_list:
         if not (got.retain and got.qos == 1):
@@ -65,8 +66,16 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
             if got.window is not None and got in chaos.windows[got.window].got:
                 chaos.windows[got.window].got.remove(got)
             got.resent = True
-        if not (got.acked and got.serial in chaos.polite):  # it may come again
+        if not (got.acked and got.step < chaos.polite.get(got.serial, -1)):  # may come again
             unsettled[key].append((got.serial, got.pid))
+    # A first copy with DUP was handed out on an earlier connection, which ended before
+    # it was written (or read): it is not for the subscription going on as it came.
+    for got in chaos.received_list:
+        if got.retain and got.dup and not got.resent and got.window is not None:
+            window = chaos.windows[got.window]
+            if window.serial == got.serial and got in window.got:
+                window.got.remove(got)
+                got.window = None
     # 2. First copies that came when no subscription was going on.
     for got in chaos.received_list:
         if got.retain and got.window is None and got.qos == 1 and not got.resent:
