@@ -56,6 +56,27 @@ def mqtt_figures(listener: MqttListener) -> dict[str, Any]:
     return found
 
 
+async def with_will(
+    listener: MqttListener, expiry: int, delay: int, will: tuple[str, bytes, int, bool] = WILL
+) -> Paho:
+    """Client ``device`` connected (MQTT 5, no clean start) with ``will`` and its delay."""
+    device = Paho(listener.port, "device", V5)
+    await device.connect(
+        clean_start=False, session_expiry=expiry, will=will, will_properties=delayed(delay)
+    )
+    return device
+
+
+async def retained_status(listener: MqttListener) -> tuple[bytes, bool, int]:
+    """What a new QoS 1 subscriber gets of ``status/device``: payload, retain, QoS."""
+    late = Paho(listener.port, "late", V5)
+    await late.connect()
+    await late.subscribe(("status/device", 1))
+    kept = await late.receive()
+    await late.disconnect()
+    return bytes(kept.payload), bool(kept.retain), int(kept.qos)
+
+
 async def watching(listener: MqttListener) -> Paho:
     watcher = Paho(listener.port, "watcher", V5)
     await watcher.connect()
@@ -86,10 +107,7 @@ async def test_a_will_waits_for_its_delay() -> None:
     clock = ManualClock()
     async with edge(clock) as listener:
         watcher = await watching(listener)
-        device = Paho(listener.port, "device", V5)
-        await device.connect(
-            clean_start=False, session_expiry=600, will=WILL, will_properties=delayed(30)
-        )
+        device = await with_will(listener, 600, 30)
         await gone(listener, device)
         await clock.run(29)
         assert await next_status(listener, watcher) == b"marker"
@@ -107,10 +125,7 @@ async def test_a_client_back_within_the_delay_cancels_its_will() -> None:
     clock = ManualClock()
     async with edge(clock) as listener:
         watcher = await watching(listener)
-        device = Paho(listener.port, "device", V5)
-        await device.connect(
-            clean_start=False, session_expiry=600, will=WILL, will_properties=delayed(30)
-        )
+        device = await with_will(listener, 600, 30)
         await gone(listener, device)
         await clock.run(10)
         again = Paho(listener.port, "device", V5)
@@ -128,10 +143,7 @@ async def test_the_session_expiry_counts_from_the_disconnect_not_from_the_will()
     clock = ManualClock()
     async with edge(clock) as listener:
         watcher = await watching(listener)
-        device = Paho(listener.port, "device", V5)
-        await device.connect(
-            clean_start=False, session_expiry=60, will=WILL, will_properties=delayed(30)
-        )
+        device = await with_will(listener, 60, 30)
         await device.subscribe(("orders/#", 1))
         await gone(listener, device)
         await clock.run(30)
@@ -151,10 +163,7 @@ async def test_a_will_cancelled_by_a_return_leaves_no_timer_that_ends_the_sessio
     # session ended 100 s after that instead of 100 s after the second disconnect.
     clock = ManualClock()
     async with edge(clock) as listener:
-        device = Paho(listener.port, "device", V5)
-        await device.connect(
-            clean_start=False, session_expiry=100, will=WILL, will_properties=delayed(30)
-        )
+        device = await with_will(listener, 100, 30)
         await device.subscribe(("orders/#", 1))
         await gone(listener, device)
         await clock.run(10)
@@ -176,10 +185,7 @@ async def test_a_clean_start_ends_the_old_session_and_publishes_its_waiting_will
     clock = ManualClock()
     async with edge(clock) as listener:
         watcher = await watching(listener)
-        device = Paho(listener.port, "device", V5)
-        await device.connect(
-            clean_start=False, session_expiry=600, will=WILL, will_properties=delayed(30)
-        )
+        device = await with_will(listener, 600, 30)
         await gone(listener, device)
         fresh = Paho(listener.port, "device", V5)
         await fresh.connect(clean_start=True, session_expiry=600)
@@ -199,10 +205,7 @@ async def test_a_node_stops_at_once_while_a_will_waits() -> None:
     with anyio.fail_after(10):
         async with node:
             listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
-            device = Paho(listener.port, "device", V5)
-            await device.connect(
-                clean_start=False, session_expiry=7200, will=WILL, will_properties=delayed(3600)
-            )
+            device = await with_will(listener, 7200, 3600)
             await gone(listener, device)
 
 
@@ -211,13 +214,7 @@ async def test_a_waiting_will_outlives_a_restart_and_goes_when_its_delay_is_up(
 ) -> None:
     clock = ManualClock()
     async with edge(clock, tmp_path) as listener:
-        device = Paho(listener.port, "device", V5)
-        await device.connect(
-            clean_start=False,
-            session_expiry=3600,
-            will=("status/device", b"offline", 1, True),
-            will_properties=delayed(30),
-        )
+        device = await with_will(listener, 3600, 30, will=("status/device", b"offline", 1, True))
         await gone(listener, device)
         await clock.run(10)
     # Down for 5 s; 15 s of the delay are left when the node is back.
@@ -229,12 +226,8 @@ async def test_a_waiting_will_outlives_a_restart_and_goes_when_its_delay_is_up(
         await later.run(1)
         assert await next_status(listener, watcher) == b"offline"
         await watcher.disconnect()
-        late = Paho(listener.port, "late", V5)  # it was published retained, at QoS 1
-        await late.connect()
-        await late.subscribe(("status/device", 1))
-        kept = await late.receive()
-        assert (kept.payload, kept.retain, kept.qos) == (b"offline", True, 1)
-        await late.disconnect()
+        # It was published retained, at QoS 1.
+        assert await retained_status(listener) == (b"offline", True, 1)
         state = session_of(listener, "device")
         assert state is not None
         assert state.will is None
@@ -249,10 +242,7 @@ async def test_a_will_of_a_client_connected_at_a_stop_goes_after_the_restart(
 ) -> None:
     clock = ManualClock()
     async with edge(clock, tmp_path) as listener:
-        device = Paho(listener.port, "device", V5)
-        await device.connect(
-            clean_start=False, session_expiry=3600, will=WILL, will_properties=delayed(30)
-        )
+        await with_will(listener, 3600, 30)  # connected as the node stops
     later = ManualClock(start=0.0, epoch=clock.time() + 10)
     async with edge(later, tmp_path) as listener:
         watcher = await watching(listener)
@@ -268,10 +258,7 @@ async def test_a_client_back_after_a_restart_within_the_delay_cancels_its_will(
 ) -> None:
     clock = ManualClock()
     async with edge(clock, tmp_path) as listener:
-        device = Paho(listener.port, "device", V5)
-        await device.connect(
-            clean_start=False, session_expiry=3600, will=WILL, will_properties=delayed(30)
-        )
+        device = await with_will(listener, 3600, 30)
         await gone(listener, device)
     later = ManualClock(start=0.0, epoch=clock.time() + 5)
     async with edge(later, tmp_path) as listener:
@@ -290,25 +277,14 @@ async def test_a_will_overdue_at_the_restart_goes_at_once_even_if_the_session_ex
 ) -> None:
     clock = ManualClock()
     async with edge(clock, tmp_path) as listener:
-        device = Paho(listener.port, "device", V5)
-        await device.connect(
-            clean_start=False,
-            session_expiry=20,
-            will=("status/device", b"offline", 1, True),
-            will_properties=delayed(300),
-        )
+        device = await with_will(listener, 20, 300, will=("status/device", b"offline", 1, True))
         await gone(listener, device)
         await clock.run(5)
     # Down for an hour: the session ended at 20 s, and its will was due then.
     later = ManualClock(start=0.0, epoch=clock.time() + 3600)
     async with edge(later, tmp_path) as listener:
         assert session_of(listener, "device") is None
-        late = Paho(listener.port, "late", V5)
-        await late.connect()
-        await late.subscribe(("status/device", 1))
-        kept = await late.receive()
-        assert (kept.payload, kept.retain) == (b"offline", True)
-        await late.disconnect()
+        assert await retained_status(listener) == (b"offline", True, 1)
 
 
 async def test_a_will_without_delay_at_a_stop_is_published_as_the_connection_ends(
@@ -320,12 +296,7 @@ async def test_a_will_without_delay_at_a_stop_is_published_as_the_connection_end
         device = Paho(listener.port, "device", V311, clean_session=False)
         await device.connect(will=("status/device", b"offline", 1, True))
     async with edge(ManualClock(), tmp_path) as listener:
-        late = Paho(listener.port, "late", V5)
-        await late.connect()
-        await late.subscribe(("status/device", 1))
-        kept = await late.receive()
-        assert (kept.payload, kept.retain) == (b"offline", True)
-        await late.disconnect()
+        assert await retained_status(listener) == (b"offline", True, 1)
 
 
 async def test_a_restored_will_waits_for_the_listener_so_it_reaches_every_subscriber(
