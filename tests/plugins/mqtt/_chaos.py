@@ -107,6 +107,7 @@ class Window:
     optional: set[int]  # own values under no-local: either way
     got: list[Got] = attrs.Factory(list)
     incarnation: int = 0  # the session the subscription was made in
+    durable: bool = True  # whether that session outlives its connection
 
 
 class Chaos:
@@ -446,6 +447,7 @@ class Chaos:
         }
         window = Window(self.step, ident.name, conn.serial, mqtt_filter, qos, expected, optional)
         window.incarnation = ident.incarnation
+        window.durable = ident.durable
         self.windows.append(window)
         conn.window = len(self.windows) - 1
         pid = conn.pid()
