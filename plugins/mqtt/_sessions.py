@@ -308,12 +308,11 @@ class SessionRegistry:
                     since = owner.offline_since if owner.offline_since is not None else now
                     self.will_later(owner, max(0.0, since + will.delay - now))
                 continue
+            with contextlib.suppress(StateError):  # its session ended: the will goes now
+                self.node.task_group.start_soon(self._publish_ended, *owner, will)
 
-            async def publish(vpn: str, client_id: str, will: PendingWill) -> None:
-                self.delayed_wills += await self._publish(vpn, client_id, will)
-
-            with contextlib.suppress(StateError):
-                self.node.task_group.start_soon(publish, *owner, will)
+    async def _publish_ended(self, vpn: str, client_id: str, will: PendingWill) -> None:
+        self.delayed_wills += await self._publish(vpn, client_id, will)
 
     def will_later(self, session: MqttSession, after: float) -> None:
         """Publish the session's waiting will in ``after`` seconds, unless its client
