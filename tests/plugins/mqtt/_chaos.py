@@ -130,6 +130,9 @@ class Chaos:
         self.windows: list[Window] = []
         #: Connections the client ended with DISCONNECT, and the step it did so in.
         self.polite: dict[int, int] = {}
+        #: By connection: the last of its writes the node surely read (a PINGRESP
+        #: answered a later one); a PUBACK in those is settled.
+        self.read_upto: dict[int, int] = {}
         #: Each accepted connection's will: "open" while it lasts, then "one" (it ended
         #: without DISCONNECT: its will must come once), "none" (DISCONNECT), "maybe"
         #: (a session that did not outlive it ended as the node stopped).
@@ -227,12 +230,13 @@ class Chaos:
             self.client_acked.discard(key)
         self.arrived()
 
-    def acked_by_client(self, conn: Conn, mid: int, pid: int) -> None:
+    def acked_by_client(self, conn: Conn, mid: int, pid: int) -> Got | None:
         self.client_acked.add((conn.name, conn.incarnation, mid))
         for got in reversed(self.received_list):
             if got.name == conn.name and got.serial == conn.serial and got.pid == pid:
                 got.acked = True
-                break
+                return got
+        return None
 
     # --- the steps --------------------------------------------------------------------
 

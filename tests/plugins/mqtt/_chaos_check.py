@@ -51,10 +51,10 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
     # 1. Copies sent again: DUP, each for a copy of the same value to the same session
     #    on an earlier connection, under the same packet id (a resend keeps it:
     #    MQTT-4.4.0-1), that may not have been settled: not acknowledged, or
-    #    acknowledged on a connection that ended without DISCONNECT, or in the step
-    #    that sent it (the node may not have read the PUBACK). A DUP copy with no
-    #    such copy is a first copy whose earlier sending the client never read (it
-    #    went with its connection).
+    #    acknowledged where the node may not have read the PUBACK (no PINGRESP or
+    #    DISCONNECT after it on its connection). A DUP copy with no such copy is a
+    #    first copy whose earlier sending the client never read (it went with its
+    #    connection), or that the queue flags redelivered for having handed it out.
     unsettled: dict[tuple[str, int, int | None], list[tuple[int, int | None]]] = defaultdict(list)
     for got in chaos.received_list:
         if not (got.retain and got.qos == 1):
@@ -66,7 +66,7 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
             if got.window is not None and got in chaos.windows[got.window].got:
                 chaos.windows[got.window].got.remove(got)
             got.resent = True
-        if not (got.acked and got.step < chaos.polite.get(got.serial, -1)):  # may come again
+        if not settled(chaos, got):  # may come again
             unsettled[key].append((got.serial, got.pid))
     # A first copy with DUP was handed out on an earlier connection, which ended before
     # it was written (or read): it is not for the subscription going on as it came.
@@ -222,3 +222,14 @@ def check(chaos: Chaos, open_kinds: set[str] | frozenset[str] = frozenset()) -> 
             lines += [f"  {each}" for each in found[:8]]
         trace = "\n".join(f"{i:4d} {s}" for i, s in enumerate(chaos.steps))
         raise AssertionError("\n".join(lines) + "\n--- steps:\n" + trace)
+
+
+def settled(chaos: Chaos, got: Got) -> bool:
+    """Whether the node surely read the client's PUBACK of ``got``, so will not send it
+    again: the node reads a connection's packets in order, and it answered a PINGREQ
+    written after the PUBACK, or a DISCONNECT came after it in a later step."""
+    if not got.acked:
+        return False
+    if got.step < chaos.polite.get(got.serial, -1):
+        return True
+    return got.acked_in is not None and got.acked_in <= chaos.read_upto.get(got.serial, 0)

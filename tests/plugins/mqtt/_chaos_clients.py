@@ -199,6 +199,7 @@ class Got:
     step: int
     window: int | None  # the subscribe step it came after (None: none going on)
     acked: bool = False  # the client sent its PUBACK (a QoS 1 one)
+    acked_in: int | None = None  # the connection's write that had the PUBACK
     resent: bool = False  # a retained value sent again (DUP) on a later connection
 
 
@@ -229,6 +230,7 @@ class Conn:
         self.window: int | None = None
         self.markers: set[bytes] = set()
         self.pings = 0
+        self.writes = 0  # counted: the node has read up to :attr:`Chaos.read_upto`
 
     def __repr__(self) -> str:
         return f"{self.name}#{self.serial}"
@@ -270,13 +272,17 @@ class Conn:
                 return each
         return None
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes) -> int:
+        """Write ``data``; the number of that write on this connection."""
         assert self.stream is not None
         try:
             async with self.lock:
+                self.writes += 1
                 await self.stream.send(data)
+                return self.writes
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             self._ended()
+            return self.writes
 
     async def until(self, done: Callable[[], Any], what: str) -> Any:
         """Wait until ``done()`` gives something (an answer of the node)."""
@@ -347,10 +353,11 @@ class Conn:
 
     async def ack(self, pid: int) -> None:
         mid = self.unacked.pop(pid, None)
-        if mid is not None:
-            self.chaos.acked_by_client(self, mid, pid)
+        got = self.chaos.acked_by_client(self, mid, pid) if mid is not None else None
         data = mqtt5.PubAckPacket(pid).write() if self.v5 else b"\x40\x02" + pid.to_bytes(2, "big")
-        await self.send(data)
+        written = await self.send(data)
+        if got is not None:
+            got.acked_in = written
 
     async def release(self) -> None:
         held, self.held, self.hold = self.held, [], False
@@ -360,8 +367,10 @@ class Conn:
     async def ping(self) -> None:
         """Wait until the node has acted on everything sent before."""
         target = self.pings + 1
-        await self.send(b"\xc0\x00")
+        written = await self.send(b"\xc0\x00")
         await self.until(lambda: self.pings >= target, "PINGRESP")
+        read = self.chaos.read_upto
+        read[self.serial] = max(read.get(self.serial, 0), written)
 
     def publish_bytes(
         self, pid: int | None, topic: str, payload: bytes, qos: int, retain: bool
