@@ -468,7 +468,7 @@ def _publish311(data: bytes, first: int) -> Publish311:
     qos = (first >> 1) & 0x03
     if qos == 3:
         raise MalformedPacket("PUBLISH QoS 3")
-    at = 2 if data[1] < 0x80 else _remaining_start(data)
+    at = 2 if data[1] < 0x80 else 3 if data[2] < 0x80 else _remaining_start(data)
     end = len(data)
     if at + 2 > end:
         raise MalformedPacket("packet ends early")
@@ -544,6 +544,7 @@ def _length(size: int) -> bytes:
 
 _U16 = struct.Struct(">H")
 _HEAD_SHORT = struct.Struct(">BBH")  # first byte, a one-byte remaining length, topic size
+_HEAD_MEDIUM = struct.Struct(">BBBH")  # the same with a two-byte remaining length
 
 
 class Codec:
@@ -632,9 +633,8 @@ def _publish5(
             duplicate=duplicate,
             **properties,
         ).write()
-    return PublishPacket(
-        topic, payload, qos=_QOS[qos], packet_id=packet_id, retain=retain, duplicate=duplicate
-    ).write()
+    # None: an empty property length, written here (the packet class takes twice as long)
+    return _publish_bytes(topic, payload, qos, packet_id, retain, duplicate, b"\x00")
 
 
 def _publish311_bytes(
@@ -646,17 +646,32 @@ def _publish311_bytes(
     duplicate: bool,
     properties: dict[str, Any] | None,
 ) -> bytes:
+    return _publish_bytes(topic, payload, qos, packet_id, retain, duplicate, b"")
+
+
+def _publish_bytes(
+    topic: str,
+    payload: bytes,
+    qos: int,
+    packet_id: int | None,
+    retain: bool,
+    duplicate: bool,
+    properties: bytes,
+) -> bytes:
+    """A PUBLISH whose ``properties`` are written already (MQTT 5), or none (3.1.1)."""
     name = topic.encode("utf-8")
     first = 0x30 | (qos << 1) | (1 if retain else 0) | (0x08 if duplicate else 0)
     size = len(name)
-    remaining = size + 2 + len(payload) + (2 if qos else 0)
+    remaining = size + 2 + len(properties) + len(payload) + (2 if qos else 0)
     if remaining < 128:
         head = _HEAD_SHORT.pack(first, remaining, size)
+    elif remaining < 16384:  # two bytes of remaining length: most messages
+        head = _HEAD_MEDIUM.pack(first, (remaining & 0x7F) | 0x80, remaining >> 7, size)
     else:
         head = bytes((first,)) + _length(remaining) + _U16.pack(size)
     if qos:
-        return b"".join((head, name, _U16.pack(packet_id or 0), payload))
-    return b"".join((head, name, payload))
+        return b"".join((head, name, _U16.pack(packet_id or 0), properties, payload))
+    return b"".join((head, name, properties, payload))
 
 
 def codec_for(level: int) -> Codec:
