@@ -199,6 +199,9 @@ class SessionRegistry:
                         owner = (session.vpn, session.client_id)
                         self._restored_wills.append((owner, session.will))
                         session.will = None
+                        # Its file stays until the will went (_publish_ended): a node
+                        # that stops or crashes before that still has it.
+                        session.saved_once = False
                     await self.discard(session)
                     continue
             self.restored += 1
@@ -312,7 +315,12 @@ class SessionRegistry:
                 self.node.task_group.start_soon(self._publish_ended, *owner, will)
 
     async def _publish_ended(self, vpn: str, client_id: str, will: PendingWill) -> None:
+        """Publish the will of a session that ended while the node was down, then remove
+        the session's file, unless a new session of the client has one by now."""
         self.delayed_wills += await self._publish(vpn, client_id, will)
+        current = self.sessions.get((vpn, client_id))
+        if self.files is not None and (current is None or not current.saved_once):
+            self.files.remove(vpn, client_id)
 
     def will_later(self, session: MqttSession, after: float) -> None:
         """Publish the session's waiting will in ``after`` seconds, unless its client

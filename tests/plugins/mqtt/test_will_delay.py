@@ -22,6 +22,7 @@ from meshbus import Node
 from meshbus.plugins.mqtt import MqttListener, MqttListenerSettings, start_mqtt_listener
 from meshbus.plugins.mqtt._listener import REGISTRY
 from meshbus.plugins.mqtt._sessions import MqttSession
+from meshbus.plugins.retained import retained_store
 from meshbus.testing import ManualClock
 
 from ._clients import V5, V311, Paho, eventually
@@ -285,6 +286,29 @@ async def test_a_will_overdue_at_the_restart_goes_at_once_even_if_the_session_ex
     async with edge(later, tmp_path) as listener:
         assert session_of(listener, "device") is None
         assert await retained_status(listener) == (b"offline", True, 1)
+
+
+async def test_the_will_of_a_session_that_expired_while_down_outlives_a_stop_before_the_listener(
+    tmp_path: Path,
+) -> None:
+    # The restart finds the session expired and its will due; the node stops (or
+    # crashes) before its MQTT listener opens, so the will did not go yet: the next
+    # start still has it, publishes it once, and the one after has nothing left.
+    clock = ManualClock()
+    async with edge(clock, tmp_path) as listener:
+        device = await with_will(listener, 20, 300, will=("status/device", b"offline", 1, True))
+        await gone(listener, device)
+    epoch = clock.time() + 3600  # down for an hour: the session ended at 20 s
+    async with Node(name="edge", clock=ManualClock(epoch=epoch), data_dir=tmp_path) as node:
+        await anyio.wait_all_tasks_blocked()
+        assert not list(retained_store(node.vpn()).matching("status/>"))  # not yet
+    async with edge(ManualClock(epoch=epoch + 1), tmp_path) as listener:
+        assert session_of(listener, "device") is None
+        assert listener.node.stash[REGISTRY].expired == 1
+        assert await retained_status(listener) == (b"offline", True, 1)
+        await eventually(lambda: mqtt_figures(listener)["delayed_wills"] == 1)
+    async with edge(ManualClock(epoch=epoch + 2), tmp_path) as listener:
+        assert listener.node.stash[REGISTRY].expired == 0  # its file went with the will
 
 
 async def test_a_will_without_delay_at_a_stop_is_published_as_the_connection_ends(
