@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -22,6 +22,8 @@ from ._link_sends import sent_message
 if TYPE_CHECKING:
     from . import _events as ev
     from ._answering import Answers
+    from ._connection import Connection
+    from ._link import _Answer
 
 K = FrameKind
 
@@ -44,7 +46,7 @@ class Pull:
 
 class GuaranteedFromPeer(Link):
     """The guaranteed half of :class:`~meshbus.transports.WireLink` (a mixin: it uses the
-    link's pulled flows, pending SENDs, VPN and control frames)."""
+    link's pulled flows, pending SENDs, VPN, requests and control frames)."""
 
     # What it uses of the WireLink (declared for the type checker; the link sets them).
     retry_interval: float
@@ -58,6 +60,56 @@ class GuaranteedFromPeer(Link):
     _answers: Answers | None
     _control_frame: Callable[..., None]
     _within_limits: Callable[[Message], bool]
+    _request: Callable[..., _Answer]
+    _start: Callable[..., None]
+    _connection: Connection | None
+    _pulls: dict[str, int]
+    remote_window: int | None
+    refusals: dict[str, str]
+
+    # --- the flows this side binds to the peer's queues ------------------------------
+
+    async def _bind(self, queue: str, window: int) -> None:
+        await self._bind_answer(queue, window)()
+
+    def _bind_answer(self, queue: str, window: int) -> Callable[[], Any]:
+        answer = self._request(K.BIND, {"queue": queue, "window": self.remote_window or window})
+
+        def bound(result: dict[str, Any]) -> None:
+            # Now, as the OK is read: the flow's first messages may be next in the read.
+            number = result.get("flow")
+            if type(number) is not int:
+                raise ProtocolError("a BIND answer must carry the flow's number")
+            self.refusals.pop(queue, None)
+            pull = self._pulled[number] = Pull(queue, window)
+            self._start(self._spool_pulled, number, pull)
+
+        answer.on_ok = bound
+
+        async def wait() -> None:
+            await answer.done.wait()
+            if answer.error is not None and self._connection is not None:
+                self.refusals[queue] = str(answer.error)
+                log.warning("link %r: binding %s refused: %s", self.name, queue, answer.error)
+                self._start(self._bind_later, queue, window)
+
+        return wait
+
+    async def _bind_later(self, queue: str, window: int) -> None:
+        clock = self.vpn.node.clock
+        await clock.sleep_until(clock.monotonic() + self.retry_interval)
+        if queue in self._pulls:
+            await self._bind(queue, window)
+
+    def _flow_closed(self, event: ev.FlowClosed) -> None:
+        pull = self._pulled.pop(event.flow, None) if type(event.flow) is int else None
+        if pull is not None and pull.queue in self._pulls:
+            log.warning(
+                "link %r: the peer closed its flow of %s: %s", self.name, pull.queue, event.reason
+            )
+            self._start(self._bind_later, pull.queue, pull.window)
+
+    # --- their messages -------------------------------------------------------------
 
     def _arrived(self, flow: int, message: Message) -> None:
         pull = self._pulled.get(flow)
