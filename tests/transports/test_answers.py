@@ -1,6 +1,6 @@
 """Every request a remote client makes gets exactly one answer (OK or ERROR).
 
-Written over the raw wire, with the hand-made :class:`~.test_fuzz.Client`: requests
+Written over the raw wire, with the hand-made :class:`~._raw_client.Client`: requests
 are pipelined in one write, so the node reads them together and its sender batches
 SEND frames with the same options into one store commit. Whatever refuses a request
 (its options, its topic, the queue, the store), each id is answered once, in order.
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from meshbus.transports import FrameKind
 
-from .test_fuzz import Client, serving
+from ._raw_client import Client, serving
 
 K = FrameKind
 

@@ -16,19 +16,17 @@ exception escaping ``serve`` would crash a node's task group: here it fails the 
 Around each attack: a healthy in-process session and a healthy remote session (a
 second connection to the same server) must still exchange messages, the connection
 must end with one logged reason, and the server's counters must agree with the logs.
-Failures print the attack, which is enough to replay it (no shrinking).
+Failures print the attack, which is enough to replay it (no shrinking). Hostile
+connections written by hand, one case each, are in test_hostile_cases.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import logging
 import re
-import struct
 import zlib
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -44,23 +42,18 @@ from meshbus.transports import (
     ConnectionState,
     FrameKind,
     LinkProtocol,
-    ListenerSettings,
-    MemoryByteStream,
     Role,
     Server,
     encode_frame,
     memory_stream_pair,
 )
-from meshbus.transports import _events as ev
-from meshbus.transports._codec import decode_deliver_batch, options_to_wire
 from meshbus.transports._compression import ALGORITHMS, Compressor
 from meshbus.transports._framing import HEADER_DEPTH_LIMIT
 from tests.fuzzing import mutate, nested_json
 
+from ._raw_client import ENDINGS, LOGGER, MAX_FRAME, PREFIX, Client, records_of, settings_for_fuzz
+
 K = FrameKind
-MAX_FRAME = 64 * 1024
-PREFIX = struct.Struct("!IBI")
-LOGGER = "meshbus.transports"
 BACKENDS = ["asyncio", "trio"]
 _GONE = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
@@ -423,94 +416,6 @@ def attacks(name: str) -> tuple[Attack, ...]:
 # --- the node side ----------------------------------------------------------------------------
 
 
-CLIENTS: list[Client] = []
-"""Clients not yet closed: :func:`serving` closes them when a test fails half-way."""
-
-
-def as_header(event: Any) -> Any:
-    """A control frame's event as the header it came in (what these tests look at)."""
-    if isinstance(event, ev.Ok):
-        return {"id": event.id, **event.result}
-    if isinstance(event, ev.ErrorAnswer):
-        return event.header
-    if attrs.has(type(event)):
-        return attrs.asdict(event)
-    return event
-
-
-class Client:
-    """A remote client made by hand over a memory pair (a :class:`LinkProtocol` and our end
-    of the stream), served by ``server`` in ``tg``: it can write anything at any time."""
-
-    def __init__(self, server: Server, tg: anyio.abc.TaskGroup, peer: str) -> None:
-        self.ours, theirs = memory_stream_pair()
-        self.protocol = LinkProtocol(Role.CLIENT, max_frame_size=1 << 24)
-        self.frames: list[tuple[int, Any, bytes]] = []
-        self.served = anyio.Event()
-        tg.start_soon(self._serve, server, theirs, peer)
-        CLIENTS.append(self)
-
-    async def _serve(self, server: Server, stream: MemoryByteStream, peer: str) -> None:
-        try:
-            await server.serve(stream, peer=peer)
-        finally:
-            self.served.set()
-
-    async def login(self, **hello: Any) -> tuple[int, Any, bytes]:
-        """Send HELLO; return the node's answer (WELCOME or REFUSED)."""
-        self.protocol.hello(hello)
-        await self.flush()
-        with anyio.fail_after(5):
-            while self.protocol.state is ConnectionState.HANDSHAKE:
-                await self.read()
-        return self.frames.pop(0)
-
-    async def request(self, kind: FrameKind, header: dict[str, Any], payload: bytes = b"") -> Any:
-        """Send a request frame; return the header of its OK (or ERROR)."""
-        self.protocol.send(kind, header, payload)
-        await self.flush()
-        return await self.wait_for(
-            lambda f: f[0] in (K.OK, K.ERROR) and f[1].get("id") == header["id"]
-        )
-
-    async def flush(self) -> None:
-        data = self.protocol.data_to_send()
-        if data:
-            await self.ours.send(data)
-
-    async def read(self) -> None:
-        for kind, header, payload in self.protocol.receive_data(await self.ours.receive(1 << 20)):
-            if kind == K.DELIVER_BATCH:  # one DELIVER each, to look for them the same way
-                self.frames += [
-                    (
-                        K.DELIVER,
-                        [m.topic, m.sender, m.timestamp, options_to_wire(m.options)],
-                        m.payload,
-                    )
-                    for m in decode_deliver_batch(header, payload)
-                ]
-            else:
-                self.frames.append((kind, as_header(header), payload))
-        await self.flush()  # PONGs
-
-    async def wait_for(self, match: Callable[[tuple[int, Any, bytes]], bool]) -> Any:
-        """Read until a frame matches; return its header."""
-        with anyio.fail_after(5):
-            while True:
-                while self.frames:
-                    frame = self.frames.pop(0)
-                    if match(frame):
-                        return frame[1]
-                await self.read()
-
-    async def hang_up(self) -> None:
-        """Close our end and wait until the node is done with the connection."""
-        await self.ours.aclose()
-        with anyio.fail_after(5):
-            await self.served.wait()
-        CLIENTS.remove(self)
-
-
 async def replay(server: Server, attack: Attack, peer: str) -> None:
     """One hostile connection: write the attack, read what comes back, until the node hangs up."""
     ours, theirs = memory_stream_pair()
@@ -552,33 +457,6 @@ async def replay(server: Server, attack: Attack, peer: str) -> None:
         tg.start_soon(write)
         await server.serve(theirs, peer=peer)
     await ours.aclose()
-
-
-def records_of(caplog: pytest.LogCaptureFixture, start: int, peer: str) -> list[logging.LogRecord]:
-    return [
-        r
-        for r in caplog.records[start:]
-        if r.name == LOGGER and isinstance(r.args, tuple) and r.args and r.args[0] == peer
-    ]
-
-
-ENDINGS = (
-    "closing connection from %s",
-    "refused login from %s",
-    "connection from %s closed",
-    "connection from %s ended",
-    "connection from %s lost at login",
-)
-
-
-def settings_for_fuzz() -> ListenerSettings:
-    return ListenerSettings(
-        port=0,
-        max_frame_size=MAX_FRAME,
-        handshake_timeout=5,
-        keepalive=300,  # no pings to the probe while the test runs
-        keepalive_timeout=600,
-    )
 
 
 async def fuzz_node(name: str, caplog: pytest.LogCaptureFixture) -> int:
@@ -663,212 +541,3 @@ def test_hostile_connections_never_hurt_the_node(
     assert len(found) >= STRATEGIES[name][1] // 2  # hypothesis made enough distinct cases
     failures = anyio.run(fuzz_node, name, caplog, backend=backend)
     assert failures >= len(found) // 3  # most attacks are violations
-
-
-# --- explicit cases ---------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def serving() -> AsyncIterator[tuple[Node, Server, anyio.abc.TaskGroup]]:
-    """A running node, a server of it (not listening: connections are served by hand) and a
-    task group for the connections."""
-    try:
-        async with Node(name="node") as node, anyio.create_task_group() as tg:
-            yield node, Server(node, settings_for_fuzz()), tg
-            tg.cancel_scope.cancel()
-    finally:
-        while CLIENTS:
-            await CLIENTS.pop().ours.aclose()
-
-
-def warnings_for(caplog: pytest.LogCaptureFixture, peer: str) -> list[str]:
-    return [
-        r.getMessage()
-        for r in records_of(caplog, 0, peer)
-        if r.levelno == logging.WARNING and r.msg.startswith(ENDINGS)
-    ]
-
-
-def ending_reason(caplog: pytest.LogCaptureFixture, peer: str) -> str:
-    """Why the connection from ``peer`` ended, from its one ending record, whatever its level
-    (known bug A: a violation after the login is logged at DEBUG only)."""
-    [ending] = [r for r in records_of(caplog, 0, peer) if r.msg.startswith(ENDINGS)]
-    return str(ending.args[1])  # type: ignore[index]
-
-
-async def test_wrong_password_and_unknown_vpn_are_refused_with_a_clear_error_and_counted(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.INFO, logger=LOGGER)
-    async with serving() as (node, server, tg):
-        vpn = node.create_vpn("secure", authentication="basic")
-        vpn.add_user("alice", password="s3cret")
-        # The client is told "login refused" whatever the reason (SPEC 6); the log says why.
-        cases = [
-            ({"vpn": "secure", "username": "alice", "password": "wrong"}, "wrong password", 1),
-            ({"vpn": "secure", "username": "alice"}, "no password", 1),
-            ({"vpn": "secure", "username": "mallory", "password": "x"}, "unknown username", 1),
-            ({"vpn": "nowhere", "password": "s3cret"}, "no Message VPN named 'nowhere'", 0),
-        ]
-        for n, (hello, why, counted) in enumerate(cases, start=1):
-            failures = vpn.login_failures
-            client = Client(server, tg, f"client-{n}")
-            kind, refused, _ = await client.login(**hello)
-            assert kind == K.REFUSED
-            assert refused["error"] == "authentication"
-            told = "login refused" if counted else why
-            assert told in refused["message"]
-            assert told in refused["why"]
-            with anyio.fail_after(5):
-                await client.served.wait()  # the node hung up
-            await client.ours.aclose()
-            assert client.protocol.state is ConnectionState.CLOSED
-            assert server.statistics().refused == n
-            assert vpn.login_failures == failures + counted
-            [warning] = warnings_for(caplog, f"client-{n}")
-            assert warning.startswith(f"refused login from client-{n}: ")
-            assert why in warning
-        stats = server.statistics()
-        assert (stats.failed, stats.logins, stats.open) == (0, 0, 0)
-        # and the right password still works
-        client = Client(server, tg, "alice")
-        kind, welcome, _ = await client.login(vpn="secure", username="alice", password="s3cret")
-        assert kind == K.WELCOME
-        assert welcome["vpn"] == "secure"
-        assert server.statistics().logins == 1
-        await client.hang_up()
-
-
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("no_local", "yes"), ("timestamps", 1), ("client_name", 5), ("password", ["x"])],
-)
-async def test_a_login_field_of_the_wrong_type_fails_the_connection_naming_it(
-    caplog: pytest.LogCaptureFixture, field: str, value: object
-) -> None:
-    caplog.set_level(logging.INFO, logger=LOGGER)
-    async with serving() as (node, server, tg):
-        client = Client(server, tg, "typo")
-        client.protocol.hello({field: value})
-        await client.flush()
-        with anyio.fail_after(5):
-            await client.served.wait()  # the node hung up
-        [warning] = warnings_for(caplog, "typo")
-        assert f"HELLO {field} must be" in warning
-        stats = server.statistics()
-        assert (stats.failed, stats.logins, stats.open) == (1, 0, 0)
-        assert [s.client_name for s in node.vpn().sessions] == []
-
-
-async def test_a_header_too_deep_to_forward_closes_the_publisher_not_its_subscribers(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # Without the depth limit of the frame decoder, the subscriber's connection failed to
-    # encode the DELIVER (orjson writes 254 levels, reads 1024): a TypeError out of serve().
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
-    async with serving() as (node, server, tg):
-        victim = Client(server, tg, "victim")
-        await victim.login(client_name="victim")
-        await victim.request(K.SUBSCRIBE, {"id": 1, "subscription": "deep/>"})
-        attacker = Client(server, tg, "attacker")
-        await attacker.login()
-        head = b'["deep/x",{"h":{"k":%s}}]' % nested_json([True] * 300, b"1")
-        await attacker.ours.send(PREFIX.pack(5 + len(head), K.PUBLISH, len(head)) + head)
-        with anyio.fail_after(5):
-            await attacker.served.wait()
-        await attacker.ours.aclose()
-        assert (
-            ending_reason(caplog, "attacker")
-            == f"frame header is nested deeper than {HEADER_DEPTH_LIMIT} levels"
-        )
-        # the subscriber gets what others publish, headers as deep as the limit included
-        nested: Any = "bottom"
-        for _ in range(HEADER_LIMITS.max_depth - 1):  # in {"k": ...}: max_depth levels
-            nested = [nested]
-        async with node.connect() as local:
-            local.publish("deep/ok", b"fine", headers={"k": nested})
-        header = await victim.wait_for(lambda f: f[0] == K.DELIVER and f[1][0] == "deep/ok")
-        assert header[3]["h"] == {"k": nested}
-        await victim.hang_up()
-
-
-async def test_one_bad_connection_among_busy_ones(caplog: pytest.LogCaptureFixture) -> None:
-    """Several remote sessions publish and receive while a bad one comes and goes."""
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
-    async with serving() as (_, server, tg):
-        clients = [Client(server, tg, f"good-{n}") for n in range(3)]
-        for n, client in enumerate(clients):
-            await client.login(client_name=f"good-{n}", compression=["zlib"])
-            await client.request(K.SUBSCRIBE, {"id": 1, "subscription": "chat/>"})
-        for round in range(3):
-            bad = Client(server, tg, f"bad-{round}")
-            await bad.login()
-            bad.protocol.send(K.PUBLISH, ["chat/bad"], b"first")  # accepted: a valid frame
-            await bad.flush()
-            await bad.ours.send(encode_frame(K.DELIVER, ["chat/x", None, 0]))  # not from a client
-            for n, client in enumerate(clients):
-                client.protocol.send(K.PUBLISH, [f"chat/{round}/{n}"], b"hi")
-                await client.flush()
-            for client in clients:
-                for n in range(3):
-                    topic = f"chat/{round}/{n}"
-                    await client.wait_for(lambda f, t=topic: f[0] == K.DELIVER and f[1][0] == t)
-            with anyio.fail_after(5):
-                await bad.served.wait()
-            await bad.ours.aclose()
-            reason = ending_reason(caplog, f"bad-{round}")
-            assert reason == "DELIVER frames are not accepted here"
-        assert server.statistics().open == 3
-        for client in clients:
-            await client.hang_up()
-
-
-async def test_a_violation_after_login_is_a_failure_logged_as_a_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.INFO, logger=LOGGER)
-    async with serving() as (_, server, tg):
-        client = Client(server, tg, "bad")
-        await client.login()
-        await client.ours.send(PREFIX.pack(2**31, K.PUBLISH, 10))
-        with anyio.fail_after(5):
-            await client.served.wait()
-        await client.ours.aclose()
-        assert server.statistics().failed == 1
-        assert warnings_for(caplog, "bad") == [
-            "closing connection from bad: frame of 2147483648 bytes is larger than the limit "
-            f"of {MAX_FRAME}"
-        ]
-
-
-async def test_a_peer_that_closes_after_a_refused_publish_is_not_a_failure(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.INFO, logger=LOGGER)
-    async with serving() as (_, server, tg):
-        client = Client(server, tg, "polite")
-        await client.login()
-        client.protocol.send(K.PUBLISH, [""], b"to an invalid topic")  # answered by ERROR
-        client.protocol.close("bye")
-        await client.flush()  # both frames in one write
-        with anyio.fail_after(5):
-            await client.served.wait()
-        await client.ours.aclose()
-        assert warnings_for(caplog, "polite") == []
-        assert server.statistics().failed == 0
-        assert any(
-            r.getMessage() == "connection from polite closed: peer closed: bye"
-            for r in records_of(caplog, 0, "polite")
-        )
-
-
-async def test_headers_json_cannot_carry_do_not_break_a_remote_subscriber() -> None:
-    async with serving() as (node, server, tg):
-        victim = Client(server, tg, "victim")
-        await victim.login()
-        await victim.request(K.SUBSCRIBE, {"id": 1, "subscription": "t/>"})
-        async with node.connect() as local:
-            local.publish("t/1", b"", headers={"raw": b"\x00"})
-            local.publish("t/2", b"plain")
-        await victim.wait_for(lambda f: f[0] == K.DELIVER and f[1][0] == "t/2")
-        await victim.hang_up()
