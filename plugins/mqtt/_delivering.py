@@ -244,7 +244,7 @@ class Delivering(Parts):
             if state is not None and spool_id is not None:
                 packet_id = state.packet_ids.get(spool_id)  # sent before: the same id
             if packet_id is None or packet_id in self._inflight:
-                packet_id = self._packet_id()
+                packet_id = self._packet_id(spool_id)
             data = self._encode(message, 1, packet_id, self._retain_flag(message))
             limit = self.client_max_packet
             if limit is not None and len(data) > limit:
@@ -264,11 +264,19 @@ class Delivering(Parts):
         flow.ack(message)
         return data
 
-    def _packet_id(self) -> int:
+    def _packet_id(self, spool_id: int | None = None) -> int:
         """A packet id neither in flight nor kept by the session for a message that
-        may come again (at most 65,535 are: a session's window is smaller)."""
+        may come again (at most 65,535 are: a session's window is smaller).
+
+        A queued message's id follows from its spool id when that one is free: the
+        ids of the messages in flight at a crash are not on disk, and so they come
+        again under the same ids after it (MQTT-4.4.0-1), but where two collided."""
         inflight = self._inflight
         reserved = self.state.reserved_ids if self.state is not None else ()
+        if spool_id is not None:
+            derived = spool_id % 65535 + 1
+            if derived not in inflight and derived not in reserved:
+                return derived
         while True:
             self._next_id = self._next_id % 65535 + 1
             if self._next_id not in inflight and self._next_id not in reserved:

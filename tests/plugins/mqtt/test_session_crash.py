@@ -98,3 +98,39 @@ async def test_the_will_of_a_device_connected_at_a_kill_9_goes_after_the_restart
         kept = await late.receive()
         assert (kept.topic, kept.payload, kept.retain) == ("status/device", b"offline", True)
         await late.disconnect()
+
+
+@pytest.mark.parametrize("protocol", [V311, V5], ids=["3.1.1", "5"])
+async def test_unacknowledged_messages_keep_their_packet_ids_over_a_kill_9(
+    tmp_path: Path, protocol: int
+) -> None:
+    # MQTT-4.4.0-1: a session that comes back gets its unacknowledged messages again
+    # under their packet ids. The ids that were in flight at a crash are not on disk,
+    # so the node derives them from what is: each message's place in the spool.
+    port = free_port()
+    (tmp_path / "edge.toml").write_text(CONFIG.format(port=port))
+    options = {"clean_session": False} if protocol == V311 else {}
+    with meshbus_run(tmp_path) as node:
+        device = Paho(port, "meter", protocol, **options)
+        device.client.manual_ack_set(True)
+        await device.connect(clean_start=False, session_expiry=3600)
+        await device.subscribe(("orders/#", 1))
+        shop = Paho(port, "shop", protocol)
+        await shop.connect()
+        for i in range(5):
+            await shop.publish(f"orders/{i}", b"%d" % i, qos=1)
+        for message in await device.receive_many(5):
+            device.client.ack(message.mid, message.qos)  # taken: the ids are free again
+        for i in range(5, 25):
+            await shop.publish(f"orders/{i}", b"%d" % i, qos=1)
+        held = await device.receive_many(20)  # sent, not acknowledged
+        node.finish(signal.SIGKILL)
+        await shop.disconnect()
+        await device.disconnect()
+    with meshbus_run(tmp_path):
+        again = Paho(port, "meter", protocol, **options)
+        await again.connect(clean_start=False, session_expiry=3600)
+        got = await again.receive_many(20)
+        assert [(m.payload, m.mid) for m in got] == [(m.payload, m.mid) for m in held]
+        assert all(m.dup for m in got)
+        await again.disconnect()
