@@ -17,6 +17,8 @@ from mqtt5 import QoS, TopicFilter
 from meshbus import Node
 from meshbus.plugins.mqtt import MqttListener, MqttListenerSettings, start_mqtt_listener
 
+from ._raw import Raw
+
 pytestmark = pytest.mark.anyio
 
 
@@ -26,52 +28,22 @@ async def listener() -> AsyncIterator[MqttListener]:
         yield await start_mqtt_listener(node, MqttListenerSettings(port=0))
 
 
-class Device:
-    """A persistent MQTT 5 session's connection, made by hand: it acknowledges nothing
-    unless told to."""
-
-    def __init__(self, stream: anyio.abc.ByteStream) -> None:
-        self.stream = stream
-        self.buffer = b""
-        self.packets: list[object] = []
-
-    @classmethod
-    async def connect(cls, port: int, present: bool) -> Device:
-        device = cls(await anyio.connect_tcp("127.0.0.1", port))
-        connect = mqtt5.ConnectPacket("meter", clean_start=False, session_expiry_interval=600)
-        await device.stream.send(connect.write())
-        connack = await device.next(mqtt5.ConnAckPacket)
-        assert connack.session_present is present
-        return device
-
-    async def next(self, kind: type) -> object:
-        with anyio.fail_after(10):
-            while True:
-                for packet in self.packets:
-                    if type(packet) is kind:
-                        self.packets.remove(packet)
-                        return packet
-                self.buffer += await self.stream.receive()
-                while self.buffer:
-                    try:
-                        packet, used = mqtt5.read(self.buffer)
-                    except IndexError:  # incomplete: wait for more
-                        break
-                    self.packets.append(packet)
-                    self.buffer = self.buffer[used:]
-
-    async def publish(self) -> mqtt5.PublishPacket:
-        packet = await self.next(mqtt5.PublishPacket)
-        assert type(packet) is mqtt5.PublishPacket
-        return packet
+async def connect(port: int, present: bool) -> Raw:
+    """A persistent session's connection (it acknowledges nothing unless told to)."""
+    device = Raw(await anyio.connect_tcp("127.0.0.1", port))
+    connect = mqtt5.ConnectPacket("meter", clean_start=False, session_expiry_interval=600)
+    await device.stream.send(connect.write())
+    connack = await device.take(mqtt5.ConnAckPacket)
+    assert connack.session_present is present
+    return device
 
 
-async def subscribed(port: int) -> Device:
-    device = await Device.connect(port, present=False)
+async def subscribed(port: int) -> Raw:
+    device = await connect(port, present=False)
     await device.stream.send(
         mqtt5.SubscribePacket(1, [TopicFilter("meters/#", max_qos=QoS.AT_LEAST_ONCE)]).write()
     )
-    await device.next(mqtt5.SubAckPacket)
+    await device.take(mqtt5.SubAckPacket)
     return device
 
 
@@ -86,7 +58,7 @@ async def test_a_message_stored_again_by_its_sender_comes_with_dup(
         sender = listener.node.connect()
         # What the node's transport does with a remote client's send made again.
         await sender._send_again("meters/1", None, b"reading")
-        first = await device.publish()
+        first = await device.take(mqtt5.PublishPacket)
         assert (first.payload, first.qos, first.duplicate) == (b"reading", QoS.AT_LEAST_ONCE, True)
 
 
@@ -96,16 +68,16 @@ async def test_a_publish_sent_again_on_a_later_connection_has_dup_and_its_packet
     device = await subscribed(listener.port)
     async with device.stream:
         await listener.node.connect().send("meters/1", b"reading")
-        first = await device.publish()
+        first = await device.take(mqtt5.PublishPacket)
         assert first.duplicate is False
     # gone without acknowledging it
-    again = await Device.connect(listener.port, present=True)
+    again = await connect(listener.port, present=True)
     async with again.stream:
-        resent = await again.publish()
+        resent = await again.take(mqtt5.PublishPacket)
         assert (resent.payload, resent.duplicate) == (b"reading", True)
         assert resent.packet_id == first.packet_id
         await again.stream.send(mqtt5.PubAckPacket(resent.packet_id).write())
         # Acknowledged: what comes next is a first sending again.
         await listener.node.connect().send("meters/2", b"next")
-        second = await again.publish()
+        second = await again.take(mqtt5.PublishPacket)
         assert (second.payload, second.duplicate) == (b"next", False)

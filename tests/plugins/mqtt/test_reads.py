@@ -20,46 +20,13 @@ from meshbus.plugins.mqtt._connection import READ_SLICE
 from meshbus.transports import ListenerSettings, connect, start_server, write_through_of
 
 from ._clients import eventually
-from ._packets import CONNECT_5
+from ._raw import Raw, login
 
 
 @pytest.fixture
 async def listener() -> AsyncIterator[MqttListener]:
     async with Node(name="edge") as node:
         yield await start_mqtt_listener(node, MqttListenerSettings(port=0))
-
-
-class Raw:
-    """An MQTT 5 client made by hand, to put many packets in one write."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.buffer = b""
-        self.packets: list[Any] = []
-
-    async def read_until(self, done: Any, timeout: float = 10) -> None:
-        with anyio.fail_after(timeout):
-            while not done():
-                self.buffer += await self.stream.receive()
-                while self.buffer:
-                    try:
-                        packet, used = mqtt5.read(self.buffer)
-                    except IndexError:  # incomplete: wait for more
-                        break
-                    self.packets.append(packet)
-                    self.buffer = self.buffer[used:]
-
-    def payloads(self) -> list[bytes]:
-        return [p.payload for p in self.packets if type(p) is mqtt5.PublishPacket]
-
-
-async def login(port: int, connect: bytes = CONNECT_5) -> Raw:
-    client = Raw(await anyio.connect_tcp("127.0.0.1", port))
-    await client.stream.send(connect)
-    await client.read_until(lambda: client.packets)
-    assert type(client.packets[0]) is mqtt5.ConnAckPacket
-    client.packets.clear()
-    return client
 
 
 async def test_publishes_and_subscriptions_in_one_write_keep_their_order(
