@@ -268,9 +268,9 @@ class Delivering(Parts):
         """A packet id neither in flight nor kept by the session for a message that
         may come again (at most 65,535 are: a session's window is smaller).
 
-        A queued message's id follows from its spool id when that one is free: the
-        ids of the messages in flight at a crash are not on disk, and so they come
-        again under the same ids after it (MQTT-4.4.0-1), but where two collided."""
+        A queued message's id follows from its spool id when that id is free. The
+        ids in flight at a crash are not on disk; derived so, they are the same after
+        it (MQTT-4.4.0-1), unless two messages in flight collided."""
         inflight = self._inflight
         reserved = self.state.reserved_ids if self.state is not None else ()
         if spool_id is not None:
