@@ -204,6 +204,7 @@ class RemoteSession(SessionCalls):
         self._closing = True
         connection = self._connection
         if connection is not None and self._connected:
+            self._encode_pending()  # what the application published just before
             with anyio.move_on_after(5), suppress(TransportError):
                 await connection.flush()
             await connection.send_close("client closed the session")

@@ -173,6 +173,22 @@ async def test_many_publishes_arrive_in_order_after_flush(node: Node, server: Se
     local.close()
 
 
+async def test_what_was_published_just_before_closing_is_written(
+    node: Node, server: Server
+) -> None:
+    """Leaving the session writes the publishes still buffered, as ``aclose`` says:
+    a device that publishes and disconnects loses nothing to the writer's turn."""
+    got: list[Message] = []
+    local = node.connect(on_message=got.append)
+    local.subscribe("last/>")
+    async with connect(server.url) as publisher:
+        for i in range(5):
+            publisher.publish("last/words", b"%d" % i)
+    await wait_until(lambda: len(got) == 5, 2.0)
+    assert [m.payload for m in got] == [b"0", b"1", b"2", b"3", b"4"]
+    local.close()
+
+
 async def test_sync_on_message_handler(server: Server) -> None:
     got: list[Message] = []
     done = anyio.Event()
