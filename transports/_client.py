@@ -108,6 +108,9 @@ class RemoteSession(SessionCalls):
         self._admitted: dict[str, None] = {}  # topics already validated (bounded)
         self._pending: list[PublishEntry] = []  # publishes the writer has not encoded yet
         self._pending_bytes = 0
+        # Acks the writer has not encoded yet, per flow number: one ACK frame per flow
+        # and write instead of one per message.
+        self._acks: dict[int, list[int]] = {}
         self._requests: dict[int, Request] = {}
         self._ids = itertools.count(1)
         self._flows: dict[int, RemoteFlow] = {}
@@ -204,7 +207,7 @@ class RemoteSession(SessionCalls):
         self._closing = True
         connection = self._connection
         if connection is not None and self._connected:
-            self._encode_pending()  # what the application published just before
+            self._encode_pending()  # what the application published or acked just before
             with anyio.move_on_after(5), suppress(TransportError):
                 await connection.flush()
             await connection.send_close("client closed the session")
@@ -298,6 +301,7 @@ class RemoteSession(SessionCalls):
 
     async def _lost(self, why: MeshbusError) -> None:
         self._connected = False
+        self._acks = {}  # for the old connection's flow numbers: the node gives them back
         for flow in self._flow_list:  # the node gives their messages back: they come again
             flow._rebound(0)
         if self._connection is not None:
@@ -418,7 +422,7 @@ class RemoteSession(SessionCalls):
             written, self._written = self._written, None  # those waiting for this write
             # A receive() that was about to wait has usually written what the publish
             # that kicked us buffered (_write_before_waiting): then there is nothing left.
-            if self._pending or protocol.out:
+            if self._pending or self._acks or protocol.out:
                 self._encode_pending()
                 await connection.flush()
             if written is not None:
@@ -452,11 +456,19 @@ class RemoteSession(SessionCalls):
     # --- requests -----------------------------------------------------------------------
 
     def _encode_pending(self) -> None:
-        """Move buffered publishes into the protocol's output, as batch frames."""
-        pending = self._pending
-        if not pending or self._protocol is None:
+        """Move buffered acks and publishes into the protocol's output, as one ACK frame
+        per flow and batch frames."""
+        protocol = self._protocol
+        if protocol is None:
             return
-        out = self._protocol.out
+        if self._acks:
+            acks, self._acks = self._acks, {}
+            for number, ids in acks.items():
+                protocol.send(K.ACK, {"flow": number, "ids": ids})
+        pending = self._pending
+        if not pending:
+            return
+        out = protocol.out
         for start in range(0, len(pending), BATCH_LIMIT):
             chunk = pending[start : start + BATCH_LIMIT]
             # Published for a node that read more, before a reconnect, some may not fit:
@@ -465,6 +477,20 @@ class RemoteSession(SessionCalls):
                 self._defer(refusal)
         pending.clear()
         self._pending_bytes = 0
+
+    def _ack(self, flow: int, message_id: int) -> None:
+        """Buffer the ack of ``message_id`` on the flow numbered ``flow``: the writer sends
+        the acks of a turn as one frame per flow."""
+        if not self._connected or self._protocol is None:
+            return  # as a frame would be: the node gives the message back
+        if self._pending:
+            self._encode_pending()  # keep the order the application made its calls in
+        ids = self._acks.get(flow)
+        if ids is None:
+            self._acks[flow] = [message_id]
+            self._kick.set()
+        else:
+            ids.append(message_id)
 
     def _send_frame(self, kind: FrameKind, header: dict[str, Any], payload: bytes = b"") -> None:
         if self._connected and self._protocol is not None:

@@ -104,7 +104,7 @@ class RemoteFlow(Flow):
                 return
             raise StateError(f"message {message_id!r} is not unacknowledged on this flow")
         self._delivered.discard(message_id)
-        self._session._send_frame(K.ACK, {"flow": self.number, "ids": [message_id]})
+        self._session._ack(self.number, message_id)
 
     async def unbind(self) -> None:
         if self.unbound:

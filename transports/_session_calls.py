@@ -93,6 +93,7 @@ class SessionCalls:
     _admitted: dict[str, None]
     _pending: list[PublishEntry]
     _pending_bytes: int
+    _acks: dict[int, list[int]]
     _flow_list: list[RemoteFlow]
     _connection: Connection | None
     _protocol: LinkProtocol | None
@@ -200,7 +201,11 @@ class SessionCalls:
         """Wait until everything buffered so far has been written to the connection."""
         self._check_open()
         protocol = self._protocol
-        if self._connected and protocol is not None and (protocol.out or self._pending):
+        if (
+            self._connected
+            and protocol is not None
+            and (protocol.out or self._pending or self._acks)
+        ):
             written = self._written
             if written is None:
                 written = self._written = anyio.Event()
@@ -295,7 +300,7 @@ class SessionCalls:
         if (
             self._connected
             and connection is not None
-            and (self._pending or connection.protocol.out)
+            and (self._pending or self._acks or connection.protocol.out)
         ):
             self._encode_pending()
             if connection.flush_nowait():  # no scheduling pass, where the stream allows

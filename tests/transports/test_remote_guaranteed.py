@@ -6,6 +6,7 @@ node restart."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -153,6 +154,59 @@ async def test_acks_are_committed_when_a_remote_flow_unbinds(node: Node, server:
             await flow.unbind()
             # Unbinding commits the acks: nothing is left for a crash to bring back.
             await wait_until(lambda: svc.store.stats("default/acks").messages == 0, 0.5)
+    local.close()
+
+
+async def test_the_acks_of_a_turn_go_as_one_frame_per_flow(
+    node: Node, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer acking message by message sends the node one ACK per flow and
+    write, not one per message; each id is acked once and the queue empties."""
+    svc = service(node)
+    svc.create_queue("a", subscriptions=["a"])
+    svc.create_queue("b", subscriptions=["b"])
+    frames: list[tuple[int, int]] = []
+    ack = _answering.ServedFlows.ack
+
+    def counted(self: _answering.ServedFlows, event: Any) -> None:
+        frames.append((event.flow, len(event.ids)))
+        ack(self, event)
+
+    monkeypatch.setattr(_answering.ServedFlows, "ack", counted)
+    local = node.connect()
+    for i in range(40):
+        await local.send("a" if i % 2 else "b", b"%d" % i)
+    async with connect(server.url) as consumer:
+        flow_a = await consumer.bind("a", window=20)
+        flow_b = await consumer.bind("b", window=20)
+        got = [await receive(flow_a) for _ in range(20)] + [
+            await receive(flow_b) for _ in range(20)
+        ]
+        for i in range(20):  # interleaved, as an application acks
+            flow_a.ack(got[i])
+            flow_b.ack(got[20 + i])
+        await consumer.flush()
+        await wait_until(lambda: sum(n for _, n in frames) == 40)
+        assert sorted(frames) == sorted([(flow_a.number, 20), (flow_b.number, 20)])
+        await wait_until(lambda: svc.store.stats("default/a").messages == 0)
+        await wait_until(lambda: svc.store.stats("default/b").messages == 0)
+    local.close()
+
+
+async def test_acks_made_just_before_closing_are_committed(node: Node, server: Server) -> None:
+    svc = service(node)
+    svc.create_queue("tail", subscriptions=["tail"])
+    local = node.connect()
+    for i in range(10):
+        await local.send("tail", b"%d" % i)
+    async with connect(server.url) as consumer:
+        flow = await consumer.bind("tail", window=10)
+        for message in [await receive(flow) for _ in range(10)]:
+            flow.ack(message)
+    # Acked before the session ended: nothing is given back to the queue.
+    await wait_until(lambda: svc.store.stats("default/tail").messages == 0)
+    async with connect(server.url) as again:
+        await nothing_for(await again.bind("tail"))
     local.close()
 
 
