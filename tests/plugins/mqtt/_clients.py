@@ -131,6 +131,11 @@ class Paho:
             await anyio.to_thread.run_sync(lambda: info.wait_for_publish(WAIT))
             assert info.is_published()
 
+    async def wait_published(self, info: mqtt.MQTTMessageInfo) -> None:
+        """Wait until the broker acknowledged the publish ``info`` is about."""
+        await anyio.to_thread.run_sync(lambda: info.wait_for_publish(WAIT))
+        assert info.is_published()
+
     async def receive(self, timeout: float = WAIT) -> mqtt.MQTTMessage:
         """The next message (fails the test after ``timeout`` seconds)."""
         return await anyio.to_thread.run_sync(lambda: self.messages.get(timeout=timeout))
