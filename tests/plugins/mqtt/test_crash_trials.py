@@ -59,6 +59,10 @@ CONFIG = """
 name = "edge"
 data_dir = "data"
 
+[[listeners]]  # its own port, not the default one: trials may run side by side
+host = "127.0.0.1"
+port = {meshbus_port}
+
 [[mqtt.listeners]]
 host = "127.0.0.1"
 port = {port}
@@ -106,7 +110,8 @@ class Trial:
         self.rng = random.Random(seed)
         self.protocol = protocol
         self.port = free_port()
-        (tmp_path / "edge.toml").write_text(CONFIG.format(port=self.port))
+        config = CONFIG.format(port=self.port, meshbus_port=free_port())
+        (tmp_path / "edge.toml").write_text(config)
         self.node: Child | None = None
         self.devices = {name: Device(name) for name in DEVICES}
         self.sent: list[Sent] = []
