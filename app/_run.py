@@ -14,8 +14,10 @@ the Prometheus endpoint with its health probes there (the ``[metrics]`` table's
 metrics on http://HOST:PORT/metrics`` before the listeners start.
 
 It prints one line per listener, ``meshbus run: node NAME listening on
-tcp://HOST:PORT`` (``tls://`` for TLS), then serves until SIGINT or SIGTERM, when it
-prints ``meshbus run: stopping (SIGTERM)``, closes the listeners and stops the node.
+tcp://HOST:PORT`` (``tls://`` for TLS), then one per listener of a plugin (the
+``mqtt://`` or ``mqtts://`` ones of ``[[mqtt.listeners]]``), then serves until SIGINT
+or SIGTERM, when it prints ``meshbus run: stopping (SIGTERM)``, closes the listeners
+and stops the node.
 Once the listeners are up, the process tunes its garbage collector for a node's
 many short-lived objects (:mod:`meshbus.app._collector`).
 
@@ -191,8 +193,6 @@ def main(
         return 2
     log.info("serving node %r from %s (meshbus %s)", node.name, config.source, __version__)
     log.info("plugins: %s", ", ".join(_describe_plugins(node)) or "none")
-    if not config.listeners:
-        log.warning("no listeners are configured: only in-process sessions can reach the node")
     try:
         return run_on_loop(_serve, config, node, loop=loop)
     except ConfigurationError as exc:  # a queue refused at provisioning
@@ -241,6 +241,12 @@ async def _serve(config: NodeConfig, node: Node) -> int:
                         return 1
                     servers.append(server)
                     print(f"{_PREFIX} node {node.name} listening on {server.url}", flush=True)
+                # Then the plugins' listeners (MQTT ...), started as the node was provisioned.
+                urls = node.plugins.listening(node)
+                for url in urls:
+                    print(f"{_PREFIX} node {node.name} listening on {url}", flush=True)
+                if not config.listeners and not urls:
+                    log.warning("no listeners: only in-process sessions can reach the node")
                 tune_collector()  # once started: what start-up made stays frozen
                 log.debug(
                     "garbage collector: thresholds %s, %d start-up objects frozen",

@@ -277,6 +277,12 @@ class PluginManager:
     def link_closed(self, link: Link, reason: str) -> None:
         self._pm.hook.meshbus_link_closed(link=link, reason=reason)
 
+    def listening(self, node: Node) -> list[str]:
+        """The addresses of the listeners the plugins serve ``node`` on (see the hookspec),
+        in plugin registration order."""
+        results = self._pm.hook.meshbus_listening(node=node)
+        return [url for urls in reversed(results) if urls for url in urls]
+
     def vpn_statistics(self, vpn: Vpn) -> dict[str, Any]:
         """Every plugin's own figures for ``vpn``, merged (see the hookspec)."""
         merged: dict[str, Any] = {}

@@ -311,6 +311,19 @@ def meshbus_accept_link(
 
 
 @hookspec
+def meshbus_listening(node: Node) -> list[str] | None:
+    """Return the URLs of the plugin's listeners for ``node`` (``None``: it runs none).
+
+    ``meshbus run`` prints a ``listening on`` line for each (an MQTT listener's
+    ``mqtt://HOST:PORT``, say) after the node's own listeners, so whoever waits for
+    those lines knows when every listener is up. Called once the node runs and its
+    configuration is provisioned.
+
+    :param node: the running node.
+    """
+
+
+@hookspec
 def meshbus_vpn_statistics(vpn: Vpn) -> dict[str, Any] | None:
     """Return the plugin's own figures for ``vpn``, or ``None`` when it has none there.
 

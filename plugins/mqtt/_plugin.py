@@ -59,6 +59,11 @@ async def _running(node: Node) -> AsyncIterator[None]:
 
 
 @hookimpl
+def meshbus_listening(node: Node) -> list[str] | None:
+    return [listener.url for listener in listeners_of(node)] or None
+
+
+@hookimpl
 def meshbus_vpn_removed(vpn: Vpn) -> None:
     registry = vpn.node.stash.get(REGISTRY, None)
     # Not when the node stops (vpn.removed is not set then): its sessions are kept.

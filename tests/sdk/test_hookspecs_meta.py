@@ -119,6 +119,11 @@ class Recorder:
         self._record("meshbus_lifespan", node=node)
         return self._span(node)
 
+    @hookimpl
+    def meshbus_listening(self, node: Node) -> list[str] | None:
+        self._record("meshbus_listening", node=node)
+        return ["recorded://here"]
+
     @asynccontextmanager
     async def _span(self, node: Node) -> AsyncIterator[None]:
         self._record("lifespan enter", running=node.running)
@@ -288,6 +293,10 @@ async def test_every_hook_fires_with_the_right_arguments() -> None:
             ("meshbus_lifespan", {"node": node}),
             ("lifespan enter", {"running": calls[1][1]["running"]}),
         ]
+
+        # Asked by `meshbus run` once the node serves: each plugin's listeners.
+        assert node.plugins.listening(node) == ["recorded://here"]
+        assert rec.take() == [("meshbus_listening", {"node": node})]
 
         tenant = node.create_vpn("tenant")
         calls = rec.take()

@@ -447,3 +447,32 @@ async def test_meshbus_run_serves_mqtt_clients_beside_native_ones(
     status = await anyio.to_thread.run_sync(running.child.finish, signal.SIGTERM)
     assert status == 0, running.child.stderr_lines  # it stops cleanly
     assert running.child.stdout_lines[-1] == "meshbus run: stopping (SIGTERM)"
+
+
+@pytest.mark.slow  # about 1 s: a node in a process of its own
+async def test_meshbus_run_of_an_mqtt_only_node_prints_its_mqtt_listener(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    # `listeners = []`: no native listener (none on the default port either). The
+    # MQTT listener has its line like the native ones, and nothing warns that only
+    # in-process sessions can reach the node. Before, such a node printed no line.
+    (tmp_path / "node.toml").write_text(
+        'listeners = []\n[node]\nname = "mq"\ndata_dir = "spool"\n'
+        '[[mqtt.listeners]]\nhost = "127.0.0.1"\nport = 0\n',
+        encoding="utf-8",
+    )
+    args = [sys.executable, "-m", "meshbus", "run", "node.toml", "--loop", anyio_backend]
+    child = Child(args, tmp_path)
+    try:
+        (line,) = await anyio.to_thread.run_sync(child.wait_for, RUNNING)
+        url = line.removeprefix(RUNNING)
+        assert url.startswith("mqtt://127.0.0.1:"), url
+        device = Paho(int(url.rsplit(":", 1)[1]), "meter-1", V5)
+        await device.connect()
+        await device.disconnect()
+        status = await anyio.to_thread.run_sync(child.finish, signal.SIGTERM)
+    finally:
+        child.close()
+    assert status == 0, child.stderr_lines
+    assert child.stdout_lines == [RUNNING + url, "meshbus run: stopping (SIGTERM)"]
+    assert not [x for x in child.stderr_lines if "no listeners" in x], child.stderr_lines
