@@ -14,17 +14,14 @@ whose ack to A the kill cut short).
 from __future__ import annotations
 
 import random
-import signal
 import sys
 from pathlib import Path
 
 import anyio
-import anyio.to_thread
 import pytest
 
-from meshbus import MeshbusError
-from meshbus.transports import connect
-from tests.processes import Child, free_port
+from tests.kill9 import Nodes, drain_numbers, publish_numbered
+from tests.processes import free_port
 
 TRIALS = 10
 pytestmark = [
@@ -70,61 +67,19 @@ backoff = {{ initial = 0.1, maximum = 0.5 }}
 """
 
 
-class Nodes:
-    """The two node processes, started (again) from their files in ``folder``."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.ports = {"a": free_port(), "b": free_port()}
-        (folder / "a.toml").write_text(NODE_A.format(port=self.ports["a"]), encoding="utf-8")
-        text = NODE_B.format(port=self.ports["b"], a_port=self.ports["a"])
-        (folder / "b.toml").write_text(text, encoding="utf-8")
-        self.children: dict[str, Child] = {}
-
-    def url(self, name: str) -> str:
-        return f"tcp://127.0.0.1:{self.ports[name]}"
-
-    async def start(self, name: str) -> None:
-        args = [sys.executable, "-m", "meshbus", "run", f"{name}.toml"]
-        child = self.children[name] = Child(args, self.folder)
-        await anyio.to_thread.run_sync(child.wait_for, "meshbus run: node ")
-
-    async def kill(self, name: str) -> None:
-        child = self.children.pop(name)
-        child.process.send_signal(signal.SIGKILL)
-        await anyio.to_thread.run_sync(child.close)
-
-    def close(self) -> None:
-        for child in self.children.values():
-            child.close()
-
-
-async def publish(url: str, acked: set[int], stop: anyio.Event) -> None:
-    """Send numbered messages until ``stop``; add each acknowledged number to ``acked``."""
-    next_number = 0
-    while not stop.is_set():
-        try:
-            async with connect(url, reconnect=False, connect_timeout=2.0) as session:
-                while not stop.is_set():
-                    numbers = range(next_number, next_number + 50)
-                    next_number += 50
-                    results = await session.send_many((f"g/{n}", b"%d" % n) for n in numbers)
-                    done = zip(numbers, results, strict=True)
-                    acked.update(n for n, result in done if result is None)
-        except (MeshbusError, OSError):
-            await anyio.sleep(0.05)  # the node is down: again once it is back
-
-
 async def test_kill_9_of_either_node_loses_no_acknowledged_message(tmp_path: Path) -> None:
     rng = random.Random(15)
-    nodes = Nodes(tmp_path)
+    nodes = Nodes(tmp_path, {"a": free_port(), "b": free_port()})
+    (tmp_path / "a.toml").write_text(NODE_A.format(port=nodes.ports["a"]), encoding="utf-8")
+    text = NODE_B.format(port=nodes.ports["b"], a_port=nodes.ports["a"])
+    (tmp_path / "b.toml").write_text(text, encoding="utf-8")
     try:
         await nodes.start("a")
         await nodes.start("b")
         acked: set[int] = set()
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(publish, nodes.url("a"), acked, stop)
+            tg.start_soon(publish_numbered, nodes.url("a"), acked, stop)
             for trial in range(TRIALS):
                 await anyio.sleep(rng.uniform(0.3, 1.2))
                 victim = "ab"[trial % 2]
@@ -134,16 +89,8 @@ async def test_kill_9_of_either_node_loses_no_acknowledged_message(tmp_path: Pat
             stop.set()
         assert len(acked) > 50 * TRIALS  # the publishing went on between the kills
 
-        received: dict[int, int] = {}
-        async with connect(nodes.url("b"), reconnect=False) as session:
-            flow = await session.bind("L")
-            with anyio.move_on_after(120):
-                while not acked <= received.keys():
-                    message = await flow.receive()
-                    number = int(message.payload)
-                    received[number] = received.get(number, 0) + 1
-                    flow.ack(message)
-        lost = sorted(acked - received.keys())
+        received = await drain_numbers(nodes.url("b"), "L", acked)
+        lost = sorted(acked - received)
         assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {lost[:10]}"
     finally:
         nodes.close()

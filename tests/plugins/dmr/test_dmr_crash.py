@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
 from pathlib import Path
 
 import anyio
-import anyio.to_thread
 import pytest
 
-from meshbus import MeshbusError
 from meshbus.transports import RemoteSession, connect
-from tests.processes import Child, free_port
+from tests.kill9 import Nodes, drain_numbers, publish_numbered
+from tests.processes import free_port
 
 TRIALS = 6
 NAMES = ("n1", "n2", "n3")
@@ -63,57 +61,14 @@ def anyio_backend() -> str:
     return "asyncio"  # the nodes run in processes of their own: one loop is enough here
 
 
-class Cluster:
-    """The three node processes, started (again) from their files in ``folder``."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.ports = {name: free_port() for name in NAMES}
-        for name in NAMES:
-            peers = ", ".join(f'{o} = "{self.url(o)}"' for o in NAMES if o != name)
-            queues = '[vpns.default.queues.orders]\nsubscriptions = ["g/>"]'
-            text = NODE.format(
-                name=name,
-                port=self.ports[name],
-                peers=peers,
-                queues=queues if name == "n3" else "",
-            )
-            (folder / f"{name}.toml").write_text(text, encoding="utf-8")
-        self.children: dict[str, Child] = {}
-
-    def url(self, name: str) -> str:
-        return f"tcp://127.0.0.1:{self.ports[name]}"
-
-    async def start(self, name: str) -> None:
-        args = [sys.executable, "-m", "meshbus", "run", f"{name}.toml"]
-        child = self.children[name] = Child(args, self.folder)
-        await anyio.to_thread.run_sync(child.wait_for, "meshbus run: node ")
-
-    async def kill(self, name: str) -> None:
-        child = self.children.pop(name)
-        child.process.send_signal(signal.SIGKILL)
-        await anyio.to_thread.run_sync(child.close)
-
-    def close(self) -> None:
-        for child in self.children.values():
-            child.close()
-
-
-async def publish(url: str, acked: set[int], stop: anyio.Event) -> None:
-    """Send numbered messages until ``stop``; add each acknowledged number to ``acked``."""
-    next_number = 0
-    while not stop.is_set():
-        try:
-            async with connect(url, reconnect=False, connect_timeout=2.0) as session:
-                while not stop.is_set():
-                    numbers = range(next_number, next_number + 50)
-                    next_number += 50
-                    results = await session.send_many((f"g/{n}", b"%d" % n) for n in numbers)
-                    done = zip(numbers, results, strict=True)
-                    acked.update(n for n, result in done if result is None)
-                    await anyio.sleep(0.01)  # a steady stream, not a flood the drain waits on
-        except (MeshbusError, OSError):
-            await anyio.sleep(0.05)  # the node is down: again once it is back
+def write_configs(folder: Path, ports: dict[str, int]) -> None:
+    for name in NAMES:
+        peers = ", ".join(f'{o} = "tcp://127.0.0.1:{ports[o]}"' for o in NAMES if o != name)
+        queues = '[vpns.default.queues.orders]\nsubscriptions = ["g/>"]'
+        text = NODE.format(
+            name=name, port=ports[name], peers=peers, queues=queues if name == "n3" else ""
+        )
+        (folder / f"{name}.toml").write_text(text, encoding="utf-8")
 
 
 async def interest(session: RemoteSession, neighbour: str) -> dict[str, int]:
@@ -134,7 +89,8 @@ def ranges(numbers: list[int]) -> str:
 
 async def test_kill_9_of_any_cluster_node_loses_no_acknowledged_message(tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("CRASH_SEED", "16")))
-    cluster = Cluster(tmp_path)
+    cluster = Nodes(tmp_path, {name: free_port() for name in NAMES})
+    write_configs(tmp_path, cluster.ports)
     try:
         for name in NAMES:
             await cluster.start(name)
@@ -147,7 +103,7 @@ async def test_kill_9_of_any_cluster_node_loses_no_acknowledged_message(tmp_path
         acked: set[int] = set()
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(publish, cluster.url("n1"), acked, stop)
+            tg.start_soon(publish_numbered, cluster.url("n1"), acked, stop, 0.01)
             for trial in range(TRIALS):
                 await anyio.sleep(rng.uniform(0.3, 1.2))
                 victim = ("n1", "n3", "n2")[trial % 3]
@@ -157,16 +113,8 @@ async def test_kill_9_of_any_cluster_node_loses_no_acknowledged_message(tmp_path
             stop.set()
         assert len(acked) > 50 * TRIALS  # the publishing went on between the kills
 
-        received: dict[int, int] = {}
-        async with connect(cluster.url("n3"), reconnect=False) as session:
-            flow = await session.bind("orders")
-            with anyio.move_on_after(120):
-                while not acked <= received.keys():
-                    message = await flow.receive()
-                    number = int(message.payload)
-                    received[number] = received.get(number, 0) + 1
-                    flow.ack(message)
-        lost = sorted(acked - received.keys())
+        received = await drain_numbers(cluster.url("n3"), "orders", acked)
+        lost = sorted(acked - received)
         assert not lost, f"{len(lost)} of {len(acked)} acknowledged messages lost: {ranges(lost)}"
     finally:
         cluster.close()

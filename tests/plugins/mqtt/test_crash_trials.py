@@ -39,6 +39,7 @@ import pytest
 
 from tests.processes import Child, free_port
 
+from ._chaos_clients import matches
 from ._clients import V5, V311, Paho, eventually
 
 pytestmark = [
@@ -68,16 +69,6 @@ host = "127.0.0.1"
 port = {port}
 max_inflight = 20
 """
-
-
-def matches(mqtt_filter: str, topic: str) -> bool:
-    f, t = mqtt_filter.split("/"), topic.split("/")
-    for i, level in enumerate(f):
-        if level == "#":
-            return True
-        if i >= len(t) or (level != "+" and level != t[i]):
-            return False
-    return len(f) == len(t)
 
 
 @attrs.define
