@@ -42,6 +42,19 @@ async def test_bytes_cross_both_ways_in_order() -> None:
     assert network.connections("a", "b") == 1
 
 
+async def test_a_write_cancelled_as_it_yields_was_still_sent() -> None:
+    # As a TCP socket's: the bytes are taken before the write yields, so a writer
+    # cancelled there (its node stopping) has sent them. Before, the yield came
+    # first and a cancelled write dropped its bytes, which no real stream does.
+    network = MemoryNetwork(ManualClock())
+    client, server = await accept_one(network, "b")
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await client.send(b"last words")
+    with anyio.fail_after(1):
+        assert await server.receive() == b"last words"
+
+
 async def test_connecting_where_nothing_listens_fails() -> None:
     network = MemoryNetwork()
     with pytest.raises(TransportError, match="nothing listens"):

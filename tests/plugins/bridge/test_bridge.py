@@ -83,6 +83,22 @@ def remote_bridge(mesh: Mesh, name: str = "to-remote", **options: object) -> Bri
     return BridgeSettings(name, remotes=[target], **options)  # type: ignore[arg-type]
 
 
+async def test_what_was_published_before_the_remote_stops_still_arrives(mesh: Mesh) -> None:
+    # The remote's link had written the messages when its node stopped: they come.
+    # On the in-memory network they were lost, on asyncio, before its writes took
+    # the bytes ahead of their yield (test_memory_network.py).
+    local, far = await start_pair(mesh)
+    bridge = open_bridge(local.vpn(), remote_bridge(mesh, subscriptions=["a/>"]))
+    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
+    everything = reader(local)
+    publisher = far.connect(client_name="pub")
+    for i in range(100):
+        publisher.publish("a/x", b"%d" % i)
+    await mesh.stop("remote")
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(everything)] == [b"%d" % i for i in range(100)]
+
+
 async def test_topics_are_mapped_both_ways(mesh: Mesh) -> None:
     local, far = await start_pair(mesh)
     mappings = [
