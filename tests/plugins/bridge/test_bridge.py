@@ -33,12 +33,17 @@ async def start_pair(mesh: Mesh) -> tuple[Node, Node]:
     return await mesh.start("local"), await mesh.start("remote")
 
 
-async def test_a_one_way_bridge_brings_what_its_subscriptions_ask_for(mesh: Mesh) -> None:
+async def asking_for_a(mesh: Mesh):  # type: ignore[no-untyped-def]
+    """Node ``local`` bridged to ``remote`` for ``a/>``, in sync: the far node, the
+    bridge, a reader of everything on ``local`` and a publisher on ``remote``."""
     local, far = await start_pair(mesh)
     bridge = open_bridge(local.vpn(), remote_bridge(mesh, subscriptions=["a/>"]))
     await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
-    everything = reader(local)
-    publisher = far.connect(client_name="pub")
+    return far, bridge, reader(local), far.connect(client_name="pub")
+
+
+async def test_a_one_way_bridge_brings_what_its_subscriptions_ask_for(mesh: Mesh) -> None:
+    far, bridge, everything, publisher = await asking_for_a(mesh)
     for i in range(100):
         publisher.publish("a/x", b"%d" % i)
         publisher.publish("b/x", b"%d" % i)
@@ -87,11 +92,7 @@ async def test_what_was_published_before_the_remote_stops_still_arrives(mesh: Me
     # The remote's link had written the messages when its node stopped: they come.
     # On the in-memory network they were lost, on asyncio, before its writes took
     # the bytes ahead of their yield (test_memory_network.py).
-    local, far = await start_pair(mesh)
-    bridge = open_bridge(local.vpn(), remote_bridge(mesh, subscriptions=["a/>"]))
-    await mesh.clock.wait_for(lambda: bridge.state is LinkState.IN_SYNC, within=10)
-    everything = reader(local)
-    publisher = far.connect(client_name="pub")
+    _, _, everything, publisher = await asking_for_a(mesh)
     for i in range(100):
         publisher.publish("a/x", b"%d" % i)
     await mesh.stop("remote")
