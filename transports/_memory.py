@@ -14,6 +14,10 @@ networks do to links, between any two names, and the protocols above cannot tell
 * :meth:`~MemoryNetwork.delay` holds what is written for a while, on the network's
   clock (a :class:`~meshbus.ManualClock` in tests, so delays cost no real time).
 
+Closing an end works as it does for TCP: the other end reads what was written
+before the close, then the end of the stream; its writes meanwhile are lost
+without an error until the reset could have come back (twice the delay), then fail.
+
 Nothing here uses sockets or the wall clock, so a multi-node test on a manual clock
 runs the same way every time.
 """
@@ -52,6 +56,7 @@ class _Pipe:
         "delay",
         "eof",
         "lossy",
+        "reset_at",
     )
 
     def __init__(self, clock: Clock) -> None:
@@ -64,6 +69,8 @@ class _Pipe:
         self.broken = False  # the connection was cut: both ends fail
         self.lossy = False  # half-open: writes vanish
         self.delay = 0.0
+        # The reader closed its end: writes vanish until this time, then fail.
+        self.reset_at: float | None = None
 
     def _wake_reader(self) -> None:
         event, self._reader_waiting = self._reader_waiting, None
@@ -79,6 +86,11 @@ class _Pipe:
         while True:
             if self.broken:
                 raise anyio.BrokenResourceError
+            if self.reset_at is not None:
+                if self._clock.monotonic() >= self.reset_at:
+                    raise anyio.BrokenResourceError
+                await anyio.lowlevel.checkpoint()  # the writer cannot tell yet
+                return
             if self.eof:
                 raise anyio.ClosedResourceError
             if self._buffered < _HIGH_WATER:
@@ -96,7 +108,7 @@ class _Pipe:
 
     async def read(self, max_bytes: int) -> bytes:
         while True:
-            if self.broken:
+            if self.broken or self.reset_at is not None:
                 raise anyio.BrokenResourceError
             if self._chunks:
                 due, data = self._chunks[0]
@@ -122,6 +134,17 @@ class _Pipe:
         if self.lossy:
             return  # half-open: the end of the stream is lost like the rest
         self.eof = True
+        self._wake_reader()
+        self._wake_writer()
+
+    def reader_closed(self) -> None:
+        """The reading end closed, as a TCP socket does: what is still on its way is
+        dropped, and the writer learns it a round trip later, from the reset (its
+        writes until then are lost without an error). So the other end still reads
+        what was written to it before the close, even if it writes meanwhile."""
+        self.reset_at = self._clock.monotonic() + 2 * self.delay
+        self._chunks.clear()
+        self._buffered = 0
         self._wake_reader()
         self._wake_writer()
 
@@ -164,7 +187,7 @@ class MemoryStream(anyio.abc.ByteStream):
         if not self._closed:
             self._closed = True
             self._outgoing.close()  # the peer reads what is left, then the end
-            self._incoming.break_()  # a read of ours still waiting fails
+            self._incoming.reader_closed()  # a read of ours still waiting fails
         await anyio.lowlevel.checkpoint()
 
     @property
@@ -189,7 +212,9 @@ class _Connection:
 
     @property
     def broken(self) -> bool:
-        return self.up.broken
+        """Cut, or closed at either end."""
+        up, down = self.up, self.down
+        return up.broken or up.reset_at is not None or down.reset_at is not None
 
 
 class MemoryListener(anyio.abc.Listener[anyio.abc.ByteStream]):

@@ -76,6 +76,28 @@ async def test_closing_one_end_is_the_end_of_the_stream_for_the_other() -> None:
         await server.send(b"too late")
 
 
+async def test_what_is_in_flight_when_the_far_end_closes_still_arrives() -> None:
+    # As over TCP: the bytes written before the close reach the reader ahead of the
+    # end of the stream, even when the reader writes in the meantime. Its writes are
+    # lost until the far end's reset could have come back (a round trip), then fail.
+    # Before, the close broke the way back at once: the reader's next write failed,
+    # and a link that ended on that error never read what was still on its way.
+    clock = ManualClock()
+    network = MemoryNetwork(clock)
+    client, server = await accept_one(network, "b")
+    network.delay("a", "b", 0.5)
+    await server.send(b"last words")
+    await server.aclose()
+    await client.send(b"ping")  # no error yet: the reset is not back
+    clock.advance(0.5)
+    assert await client.receive() == b"last words"
+    with pytest.raises(anyio.EndOfStream):
+        await client.receive()
+    clock.advance(0.5)
+    with pytest.raises(anyio.BrokenResourceError):
+        await client.send(b"too late")
+
+
 async def test_a_cut_breaks_both_ends_and_a_partition_refuses_new_connections() -> None:
     network = MemoryNetwork()
     client, server = await accept_one(network, "b")
