@@ -61,6 +61,7 @@ from ._connection import REST, STEP_MESSAGES, Connection, Frames, unwrap_errors
 from ._dialing import ConnectSettings
 from ._framing import FrameKind
 from ._link_adverts import Advertising
+from ._link_asks import Asking
 from ._link_dialing import dial
 from ._link_guaranteed import GuaranteedFromPeer, Pull
 from ._link_sends import link_send_header
@@ -105,7 +106,7 @@ class _Answer:
         self.on_ok: Callable[[dict[str, Any]], None] | None = None
 
 
-class WireLink(Advertising, GuaranteedFromPeer, Link):
+class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
     """A link to a VPN of another node, over one connection at a time.
 
     Make one with :func:`open_link` (this node dials) or let a listener accept one.
@@ -206,40 +207,6 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
         self.error: MeshbusError | None = None
         self._send_bytes = 0
         self._bytes = [0, 0]  # sent and received over the connections that ended
-
-    # --- what this side asks of the peer ------------------------------------------------
-
-    @property
-    def wants(self) -> tuple[str, ...]:
-        """The filters this side asks the peer for."""
-        return tuple(self._wants)
-
-    def want(self, topic_filter: str) -> None:
-        """Ask the peer for the messages matching ``topic_filter``, now and after every
-        reconnect. A refusal is logged and kept in :attr:`refusals`."""
-        parse_subscription(topic_filter)
-        if topic_filter in self._wants:
-            return
-        self._wants[topic_filter] = None
-        if self._connection is not None:
-            self._start(self._ask, K.SUBSCRIBE, {"subscription": topic_filter}, topic_filter)
-
-    def unwant(self, topic_filter: str) -> None:
-        """Stop asking for ``topic_filter``."""
-        if self._wants.pop(topic_filter, 0) is None and self._connection is not None:
-            self.refusals.pop(topic_filter, None)
-            self._start(self._ask, K.UNSUBSCRIBE, {"subscription": topic_filter}, topic_filter)
-
-    def pull(self, queue: str, *, window: int = 255) -> None:
-        """Bind a flow to the peer's ``queue`` (now and after every reconnect) and spool
-        what it delivers here, acknowledging each message once it is held."""
-        if not 1 <= window <= 65_535:
-            raise ValueError(f"window must be 1..65535, got {window!r}")
-        if queue in self._pulls:
-            return
-        self._pulls[queue] = window
-        if self._connection is not None:
-            self._start(self._bind, queue, window)
 
     async def request(self, what: str) -> dict[str, Any]:
         """Send the peer a REQUEST (``"sync"``: answered once it read everything before)
@@ -718,34 +685,6 @@ class WireLink(Advertising, GuaranteedFromPeer, Link):
             name = "link:" + self.name.replace("/", ":")
             self.session = node.connect(self.vpn.name, client_name=name)
         return self.session
-
-    # --- telling the peer what this side wants -------------------------------------------
-
-    async def _sync(self) -> None:
-        """Tell the peer everything this side wants, then the link is in sync."""
-        asks = [self._ask_answer(K.SUBSCRIBE, {"subscription": f}, f) for f in list(self._wants)]
-        for queue, window in list(self._pulls.items()):
-            asks.append(self._bind_answer(queue, window))
-        for ask in asks:
-            await ask()
-        if self._connection is not None:
-            self.set_state(LinkState.IN_SYNC)
-
-    async def _ask(self, kind: FrameKind, header: dict[str, Any], key: str) -> None:
-        await self._ask_answer(kind, header, key)()
-
-    def _ask_answer(self, kind: FrameKind, header: dict[str, Any], key: str) -> Callable[[], Any]:
-        answer = self._request(kind, header)
-
-        async def wait() -> None:
-            await answer.done.wait()
-            if answer.error is not None and self._connection is not None:
-                self.refusals[key] = str(answer.error)
-                log.warning("link %r: the peer refused %s: %s", self.name, key, answer.error)
-            elif answer.error is None:
-                self.refusals.pop(key, None)
-
-        return wait
 
 
 def open_link(
