@@ -284,6 +284,14 @@ class Link(ABC):
     def attached_to_vpn(self) -> None:  # noqa: B027 (a hook: doing nothing is the default)
         """Called once the link joined its VPN (a subclass may come up here)."""
 
+    async def aclose(self, reason: str = "stopped") -> None:
+        """Close the link for good and return once it is closed. Its node calls this for
+        each of its links as it stops, before it ends their tasks, so a link over a
+        connection overrides it to write what it had taken for the peer first (within
+        a bound of its own). The default leaves the VPN at once."""
+        self.reason = reason
+        self.vpn.links.detach(self)
+
     # --- state --------------------------------------------------------------------------
 
     @property

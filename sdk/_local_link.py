@@ -82,6 +82,10 @@ class LocalLink(Link):
         peer.receive(message, envelope.mode)
         return True
 
+    async def aclose(self, reason: str = "stopped") -> None:
+        """:meth:`stop` (nothing waits in between: both ends are in this node)."""
+        self.stop(reason)
+
     def stop(self, reason: str = "stopped") -> None:
         """Take both ends out of their VPNs (their state becomes ``disabled``)."""
         for end in (self, self.peer):

@@ -373,6 +373,13 @@ class Node:
         try:
             for vpn in list(self._vpns.values()):
                 vpn._close_all()
+            # What the links took for their peers (the closed sessions' last publishes
+            # too) is written before the connections close, while their tasks still run.
+            async with anyio.create_task_group() as tg:
+                for vpn in self._vpns.values():
+                    for link in list(vpn.links):
+                        tg.start_soon(link.aclose, f"node {self.name!r} is stopping")
+            for vpn in list(self._vpns.values()):
                 vpn.links.vpn_removed()
                 # As the hookspec promises: plugins drop per-VPN state when the node stops.
                 self.plugins.vpn_removed(vpn)

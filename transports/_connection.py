@@ -96,6 +96,9 @@ class Connection:
         #: The stream, when it can be written without an await (TCP on asyncio).
         self._nowait = stream if isinstance(stream, AsyncioTcpStream) else None
         self.closed = False
+        #: A write was cut short (cancelled or failed): the peer may have part of a
+        #: frame, so nothing more is written, not even a CLOSE.
+        self.cut = False
         #: Frames that arrived in the same read as the handshake frame (client side).
         self.early: list[tuple[int, Any, bytes]] = []
         # A read of thousands of small frames is decoded and acted on a slice at a
@@ -222,8 +225,10 @@ class Connection:
         async with self._lock:
             data = protocol.data_to_send(self._now())
             if data:
+                self.cut = True  # until the stream has taken all of it
                 with map_exceptions(f"writing to {self.peer}"):
                     await self.stream.send(data)
+                self.cut = False
 
     @property
     def writes_nowait(self) -> bool:
@@ -281,8 +286,9 @@ class Connection:
             pass
 
     async def send_close(self, reason: str) -> None:
-        """Tell the peer the connection is closing (best effort)."""
-        if self.protocol.state is ConnectionState.OPEN:
+        """Tell the peer the connection is closing (best effort; not after a write that
+        was cut short, which may have left a frame half written)."""
+        if self.protocol.state is ConnectionState.OPEN and not self.cut:
             try:
                 self.protocol.close(reason)
             except ProtocolError:

@@ -126,6 +126,10 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
     :param fail_back: while connected to a target other than the first, try the
         better-ordered ones every this many seconds and move to the first that takes
         the login (``None``: stay until the connection ends).
+    :param drain_timeout: seconds (on the node's clock) that a connection being closed
+        on purpose (:meth:`stop`, the node or the listener stopping, a move to another
+        connection) gets to write what the link had taken for the peer before it is
+        cut; 0 cuts it at once.
     """
 
     def __init__(
@@ -145,6 +149,7 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
         stable_period: float = 30.0,
         fail_back: float | None = None,
         peer_login: ev.LinkLogin | None = None,
+        drain_timeout: float = 5.0,
     ) -> None:
         super().__init__(vpn, name, kind, dedup=dedup, endpoint=endpoint, acl=acl, profile=profile)
         self.settings = settings
@@ -154,6 +159,8 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
         #: Seconds between attempts to reach a better-ordered target (``None``: stay).
         self.fail_back = fail_back
         self.max_pending_bytes = max_pending_bytes
+        #: Seconds a connection closed on purpose gets to write what waits (see above).
+        self.drain_timeout = drain_timeout
         #: Called with the peer's ADVERTISE frames (gaps already dealt with).
         self.on_advertise: AdvertiseHandler | None = None
         #: Why the peer refused what this side asked for, by filter or queue.
@@ -189,6 +196,11 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
         self._my_seq = 0
         self._scope: anyio.CancelScope | None = None
         self._serving: anyio.CancelScope | None = None
+        # Set while a connection is closed on purpose: the writer writes what waits,
+        # then sets the event (see _close_serving).
+        self._closing = False
+        self._drained = anyio.Event()
+        self._serve_ended: anyio.Event | None = None  # set when serve() returns
         self._pause: anyio.CancelScope | None = None  # the dialling loop's wait
         self._stopped = False
         #: Set by :meth:`suspend` (another connection carries the link), until :meth:`resume`.
@@ -236,7 +248,11 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
     # --- messages to the peer -----------------------------------------------------------
 
     def send(self, envelope: Envelope) -> bool:
-        if self._connection is None or self._pending_bytes > self.max_pending_bytes:
+        if (
+            self._connection is None
+            or self._pending_bytes > self.max_pending_bytes
+            or self._closing  # what it has is being written: nothing new
+        ):
             return False
         message = envelope.message
         if envelope.mode is not _DIRECT:
@@ -340,9 +356,9 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
             return
         self._suspended = anyio.Event()
         self.reason = reason
-        for scope in (self._serving, self._pause):
-            if scope is not None:
-                scope.cancel()
+        if self._pause is not None:
+            self._pause.cancel()
+        self._close_serving()
         if self._connection is None and self.attached:
             self.set_state(LinkState.REUSING, reason)
 
@@ -362,17 +378,47 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
         return True
 
     def stop(self, reason: str = "stopped") -> None:
-        """Close the link for good: its connection closes and it leaves its VPN (state
-        ``disabled``)."""
+        """Close the link for good: it leaves its VPN (state ``disabled``) and its
+        connection closes once it has written what the link had taken for the peer
+        (for at most :attr:`drain_timeout`)."""
         self._stopped = True
         self.reason = reason
-        for scope in (self._scope, self._serving):
-            if scope is not None:
-                scope.cancel()
+        if self._serving is None:
+            if self._scope is not None:  # connecting or waiting to: no more
+                self._scope.cancel()
+        else:  # the dialling loop ends when the connection has closed
+            self._close_serving()
         if self.attached:  # now, not when the tasks end: a replacement may take its name
             if self._connection is not None:
                 self.closed(reason, LinkState.DISABLED)
             self.vpn.links.detach(self)
+
+    async def aclose(self, reason: str = "stopped") -> None:
+        """:meth:`stop` the link, and return once its connection has closed."""
+        self.stop(reason)
+        ended = self._serve_ended
+        if ended is not None:
+            await ended.wait()
+
+    def _close_serving(self) -> None:
+        """Close the connection being served once the writer has written what waits
+        for the peer, or after :attr:`drain_timeout` (then cut)."""
+        serving = self._serving
+        if serving is None or self._closing:
+            return
+        self._closing = True
+        self._drained = anyio.Event()
+        self._wake.set()
+        tg = self._tg
+        if self.drain_timeout > 0 and tg is not None and not tg.cancel_scope.cancel_called:
+            tg.start_soon(self._drain, serving)
+        else:
+            serving.cancel()
+
+    async def _drain(self, serving: anyio.CancelScope) -> None:
+        with self.vpn.node.clock.move_on_after(self.drain_timeout):
+            await self._drained.wait()
+        serving.cancel()
 
     async def serve(
         self,
@@ -393,6 +439,8 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
         self.opened(peer_node, peer_cluster)
         reason = "closed"
         self.error = None
+        self._closing = False
+        self._serve_ended = ended = anyio.Event()
         self._serving = serving = anyio.CancelScope()
         try:
             with serving, unwrap_errors():
@@ -420,6 +468,9 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
             with anyio.CancelScope(shield=True):
                 self._disconnected(reason)
                 await connection.send_close(f"link closed: {reason}")
+            self._closing = False
+            self._serve_ended = None
+            ended.set()
         return reason
 
     @property
@@ -475,23 +526,38 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
                 messages, hops = self._pending, self._hops
                 self._pending, self._hops, self._pending_bytes = [], [], 0
                 queued_at = self._queued_at
-                self._encode(protocol.peer_max_frame_size, messages, hops, now())
-                await connection.flush()
+                encoded = self._encode(protocol.peer_max_frame_size, messages, hops, now())
+                try:
+                    await connection.flush()
+                except BaseException:
+                    # Cut short (the connection failed, or a stop's drain ran out of
+                    # time): not known to have reached the peer, so not forwarded.
+                    self.forwarded -= encoded
+                    self.forward_failures += encoded
+                    raise
                 self.forward_latency.record(self._monotonic() - queued_at, len(messages))
             else:
                 await connection.flush()
+            if self._closing and not self._pending:
+                self._drained.set()  # all it had is written: the connection may close
 
-    def _encode(self, limit: int, messages: list[Message], hops: list[int], now: float) -> None:
+    def _encode(self, limit: int, messages: list[Message], hops: list[int], now: float) -> int:
+        """Queue DELIVER_BATCH frames of ``messages``; how many (those too large for the
+        peer are dropped, counted)."""
         protocol = self._connection.protocol  # type: ignore[union-attr]
         try:
             protocol.send_raw(encode_deliver_batch(messages, limit, hops=hops, now=now))
         except FrameTooLarge:  # some message on its own is too large for the peer
+            encoded = 0
             for message, hop in zip(messages, hops, strict=True):
                 try:
                     protocol.send_raw(encode_deliver_batch([message], limit, hops=[hop], now=now))
+                    encoded += 1
                 except FrameTooLarge:
                     self.forwarded -= 1
                     self.count_drop("too_large")
+            return encoded
+        return len(messages)
 
     async def _read(self, connection: Connection) -> None:
         protocol = connection.protocol

@@ -144,6 +144,5 @@ async def _fail_back(
             continue
         found.append(login)
         link.reason = f"moving back to {dialer.target}"
-        if link._serving is not None:
-            link._serving.cancel()
+        link._close_serving()  # what the current connection took is written first
         return

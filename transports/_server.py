@@ -109,6 +109,7 @@ class Server:
         self._scope: anyio.CancelScope | None = None
         self._stopped = anyio.Event()
         self._connections: set[Connection] = set()
+        self._links: set[WireLink] = set()  # the links it carries, for a graceful close
         self.accepted = self.logins = self.refused = self.failed = 0
         self._closed_bytes = [0, 0]
         self.logging_in = 0  # connections holding a _LoginSlot
@@ -341,6 +342,7 @@ class Server:
                 vpn.name,
                 f" ({compression})" if compression else "",
             )
+            self._links.add(link)
             try:
                 await link.serve(
                     connection,
@@ -350,6 +352,7 @@ class Server:
                     keepalive_timeout=self.settings.keepalive_timeout,
                 )
             finally:
+                self._links.discard(link)
                 link.stop(link.reason or "its connection ended")
             if isinstance(link.error, ProtocolError):  # a violation, as for a session
                 self.failed += 1
@@ -449,7 +452,13 @@ class Server:
         return served
 
     async def aclose(self) -> None:
-        """Stop listening and close every connection of this listener."""
+        """Stop listening and close every connection of this listener. The links it
+        accepted first write what they had taken for their peers (each for at most its
+        :attr:`~meshbus.transports.WireLink.drain_timeout`)."""
+        if self._links:
+            async with anyio.create_task_group() as tg:
+                for link in list(self._links):
+                    tg.start_soon(link.aclose, "its listener is closing")
         if self._scope is not None:
             self._scope.cancel()
         await self._stopped.wait()

@@ -129,11 +129,22 @@ class Mesh:
         return node
 
     async def stop(self, name: str) -> None:
-        """Stop node ``name`` and its listener (start it again with :meth:`start`)."""
+        """Stop node ``name`` and its listener (start it again with :meth:`start`).
+        Time passes on the clock while its links write what they had taken (see
+        :attr:`~meshbus.transports.WireLink.drain_timeout`), if they need it to."""
         stop, stopped = self._stops.pop(name)
         del self.nodes[name], self.servers[name]
         stop.set()
-        await stopped.wait()
+        clock = self.clock
+        while not stopped.is_set():
+            await clock.settle()
+            if stopped.is_set():
+                break
+            deadline = clock.next_deadline
+            if deadline is None:  # waiting for what is off the clock (a spool's thread)
+                await anyio.sleep(0.001)
+            else:
+                clock.advance_to(max(deadline, clock.monotonic()))
 
     def link(
         self,

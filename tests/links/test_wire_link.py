@@ -385,6 +385,76 @@ async def test_a_dialling_link_closes_its_connection_when_it_stops(mesh: Mesh) -
     assert connection.closed  # not left for the garbage collector (an unclosed socket)
 
 
+async def linked_for_u(mesh: Mesh) -> tuple[Node, WireLink, Link]:
+    """Node ``b`` linked to ``a``, which asks for ``u/>`` over it: a subscriber on ``a``
+    (returned), ``b``'s dialling link and ``a``'s end of it."""
+    a = await mesh.start("a")
+    b = await mesh.start("b")
+    link = mesh.link(b, "a")
+    await mesh.in_sync(link)
+    (accepted,) = a.vpn().links
+    assert isinstance(accepted, WireLink)
+    accepted.want("u/>")
+    await mesh.clock.settle()
+    return a, link, accepted
+
+
+def publish_numbered(node: Node, numbers: range) -> None:
+    publisher = node.connect(client_name=f"pub-{numbers.start}")
+    for i in numbers:  # 10 kB each: 100 are a megabyte, what a connection holds in flight
+        publisher.publish("u/x", b"%d " % i + bytes(10_000))
+
+
+@pytest.mark.parametrize("how", ["stop", "dialling node stops", "listening node stops"])
+async def test_a_closing_link_first_writes_what_it_had_taken(mesh: Mesh, how: str) -> None:
+    # Before, a stop (and a node stopping) cut the connection at once: the messages the
+    # link had taken and not yet written were lost, though counted as forwarded.
+    a, link, accepted = await linked_for_u(mesh)
+    b = mesh.nodes["b"]
+    sender, receiver, sending = (b, a, link)
+    if how == "listening node stops":  # the other way: a's end of the link sends
+        link.want("u/>")
+        await mesh.clock.settle()
+        sender, receiver, sending = (a, b, accepted)
+    subscriber = receiver.connect(client_name="sub")
+    subscriber.subscribe("u/>")
+    mesh.network.delay("a", "b", 0.5)
+    publish_numbered(sender, range(150))
+    await mesh.clock.settle()  # written: the connection holds it, in flight
+    publish_numbered(sender, range(150, 300))  # its write waits for room
+    if how == "stop":
+        link.stop("done")
+    else:
+        await mesh.stop(sender.name)
+    await mesh.clock.run(5)
+    received = [int(m.payload.split()[0]) for m in iter(subscriber.receive_nowait, None)]
+    assert received == list(range(300))
+    statistics = sending.statistics()
+    assert (statistics.forwarded, statistics.forward_failures) == (300, 0)
+
+
+async def test_a_peer_that_reads_nothing_holds_a_closing_link_for_its_drain_timeout(
+    mesh: Mesh,
+) -> None:
+    _, link, _ = await linked_for_u(mesh)
+    link.drain_timeout = 2.0
+    mesh.network.delay("a", "b", 100)  # nothing is read for 100 s
+    b = mesh.nodes["b"]
+    publish_numbered(b, range(150))
+    await mesh.clock.settle()  # written: the connection holds it, in flight
+    publish_numbered(b, range(150, 300))  # its write waits for room
+    connection = link._connection
+    assert connection is not None
+    link.stop("done")
+    await mesh.clock.run(1.9)
+    assert not connection.closed
+    await mesh.clock.run(0.2)
+    assert connection.closed
+    # The cut write is not known to have reached the peer: not counted as forwarded.
+    statistics = link.statistics()
+    assert (statistics.forwarded, statistics.forward_failures) == (150, 150)
+
+
 async def test_a_mesh_node_stops_and_starts_again_and_retry_now_cuts_the_backoff(
     mesh: Mesh,
 ) -> None:
