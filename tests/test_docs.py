@@ -96,6 +96,31 @@ def test_written_out_constant_values_match_the_code() -> None:
     assert checked >= 6
 
 
+def test_no_attribute_docstring_is_left_after_another() -> None:
+    # Autodoc takes the string right after a field as that field's docs; a second string
+    # after it documents nothing. BridgeSettings.fail_back_interval's had slipped below
+    # the next field, so the reference showed it without a word.
+    root = DOCS.parent
+    misplaced = []
+    for folder in ("sdk", "transports", "plugins", "app", "contrib"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                for before, after in zip(node.body, node.body[1:], strict=False):
+                    if _is_string(before) and _is_string(after):
+                        misplaced.append(f"{path.relative_to(root)}:{after.lineno}")
+    assert misplaced == []
+
+
+def _is_string(statement: ast.stmt) -> bool:
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
+
+
 # A code block marked ``:class: runnable`` is a whole script, run as it is written.
 _RUNNABLE = re.compile(
     r"^\.\. code-block:: python\n   :class: runnable\n\n((?:   .*\n|\n)+)", re.MULTILINE

@@ -152,11 +152,11 @@ class BridgeSettings:
     """While connected to a remote other than the first, move back to a better-ordered
     one once it takes the login again."""
     fail_back_interval: float = attrs.field(default=30.0, validator=_seconds)
+    """Seconds between attempts to reach the better-ordered remotes."""
     mqtt: Any = None
     """For ``mqtt://`` and ``mqtts://`` remotes (external MQTT brokers): a
     :class:`~meshbus.plugins.mqtt.MqttBridgeOptions` (a mapping of its fields is
     taken too); ``None``: its defaults."""
-    """Seconds between attempts to reach the better-ordered remotes."""
 
 
 class Bridge:
