@@ -371,15 +371,15 @@ class Node:
         assert self._stack is not None
         assert self._lifespans is not None
         try:
-            for vpn in list(self._vpns.values()):
-                vpn._close_all()
-            # What the links took for their peers (the closed sessions' last publishes
-            # too) is written before the connections close, while their tasks still run.
+            # The links first: each writes what it had taken for its peer (the sessions'
+            # last publishes too) while the node's sessions and tasks, which some links
+            # feed on (a bridge's queue flow), still run.
             async with anyio.create_task_group() as tg:
                 for vpn in self._vpns.values():
                     for link in list(vpn.links):
                         tg.start_soon(link.aclose, f"node {self.name!r} is stopping")
             for vpn in list(self._vpns.values()):
+                vpn._close_all()
                 vpn.links.vpn_removed()
                 # As the hookspec promises: plugins drop per-VPN state when the node stops.
                 self.plugins.vpn_removed(vpn)
