@@ -201,6 +201,7 @@ class MqttLink(Link):
         dedup: bool = True,
         queue: str | None = None,
         window: int = 100,
+        drain_timeout: float = 5.0,
     ) -> None:
         # The store's name of the queue: the router sends no direct copy of what it holds.
         endpoint = None if queue is None else f"{vpn.name}/{queue}"
@@ -220,6 +221,12 @@ class MqttLink(Link):
         self.fail_back = fail_back
         self.queue = queue
         self.window = window
+        #: Seconds (on the node's clock) a stop gives the connection to write what the
+        #: link had taken and a DISCONNECT before it is cut.
+        self.drain_timeout = drain_timeout
+        self._closing = False  # stopping: what waits goes out, then DISCONNECT
+        self._drained = anyio.Event()
+        self._ended: anyio.Event | None = None  # set when run() returns
         self._wants: dict[str, str] = {}  # meshbus filter -> the MQTT filter subscribed to
         self._codec: ClientCodec | None = None
         self._stream: anyio.abc.ByteStream | None = None
@@ -298,6 +305,8 @@ class MqttLink(Link):
         return deadline is not None and deadline >= time.monotonic()
 
     def _queue_out(self, data: bytes) -> None:
+        if self._closing:  # the DISCONNECT is queued: nothing goes after it
+            return
         self._out.append(data)
         self._wake.set()
 
@@ -314,40 +323,66 @@ class MqttLink(Link):
         again from the shortest once a connection stayed up for a minute (SPEC 7)."""
         clock = self.vpn.node.clock
         backoff = self.backoff.fresh()
-        with anyio.CancelScope() as scope:
-            self._scope = scope
-            while not self._stopped:
-                remote = self.remotes[self._at % len(self.remotes)]
-                self._up_since = None
-                try:
-                    await self._serve(remote)
-                except _FAILURES as exc:
-                    reason = f"{remote.url}: {str(exc) or type(exc).__name__}"
-                    if self._up_since is None:
-                        self.connect_failures += 1
-                        self.reason = reason
-                        self.set_state(LinkState.BACKOFF, reason)
-                    else:
-                        self._down(reason)
-                if self._up_since is not None and clock.monotonic() - self._up_since > 60:
-                    backoff.reset()
-                if self._at < 0:  # failing back: the first remote, at once
-                    self._at = 0
-                    continue
-                self._at = (
-                    (self._at + 1) % len(self.remotes) if self._up_since is None else self._at
-                )
-                await clock.sleep_until(clock.monotonic() + backoff.next_delay())
+        self._ended = ended = anyio.Event()
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                while not self._stopped:
+                    remote = self.remotes[self._at % len(self.remotes)]
+                    self._up_since = None
+                    try:
+                        await self._serve(remote)
+                    except _FAILURES as exc:
+                        reason = f"{remote.url}: {str(exc) or type(exc).__name__}"
+                        if self._up_since is None:
+                            self.connect_failures += 1
+                            self.reason = reason
+                            self.set_state(LinkState.BACKOFF, reason)
+                        else:
+                            self._down(reason)
+                    if self._up_since is not None and clock.monotonic() - self._up_since > 60:
+                        backoff.reset()
+                    if self._at < 0:  # failing back: the first remote, at once
+                        self._at = 0
+                        continue
+                    self._at = (
+                        (self._at + 1) % len(self.remotes) if self._up_since is None else self._at
+                    )
+                    await clock.sleep_until(clock.monotonic() + backoff.next_delay())
+        finally:
+            ended.set()
 
     def stop(self, reason: str = "stopped") -> None:
-        """Close the link for good."""
+        """Close the link for good: what it had taken for the broker is written, then a
+        DISCONNECT, and the connection closes (cut after :attr:`drain_timeout`)."""
         self._stopped = True
-        if self._scope is not None:
+        codec = self._codec
+        if self._closing:
+            pass  # stopped already: the connection is writing what waits
+        elif codec is not None and self._stream is not None and self.drain_timeout > 0:
+            self._out.append(codec.goodbye())
+            self._closing = True
+            self._drained = anyio.Event()
+            self._wake.set()
+            self.vpn.node.task_group.start_soon(self._drain)
+        elif self._scope is not None:
             self._scope.cancel()
         if self.attached:
             if self._codec is not None:
                 self._down(reason)
             self.set_state(LinkState.DISABLED, reason)
+
+    async def aclose(self, reason: str = "stopped") -> None:
+        """:meth:`stop` the link, and return once its connection has closed."""
+        self.stop(reason)
+        if self._ended is not None:
+            await self._ended.wait()
+
+    async def _drain(self) -> None:
+        with self.vpn.node.clock.move_on_after(self.drain_timeout):
+            await self._drained.wait()
+        if self._scope is not None:
+            self._scope.cancel()
 
     def _down(self, reason: str) -> None:
         self._codec = None
@@ -439,6 +474,8 @@ class MqttLink(Link):
                 continue
             data, self._out = b"".join(self._out), []
             await stream.send(data)
+            if self._closing and not self._out:
+                self._drained.set()  # the DISCONNECT is written: the connection may close
 
     async def _pinger(self, codec: ClientCodec) -> None:
         clock = self.vpn.node.clock

@@ -42,7 +42,10 @@ class Mosquitto:
             f"persistence true\npersistence_location {folder}/\nautosave_interval 1\n"
             # Run as root, it would switch to user mosquitto, who may not write here.
             f"user {pwd.getpwuid(os.geteuid()).pw_name}\n"
+            f"log_dest file {folder}/mosquitto.log\nlog_type all\n"
         )
+        #: What the broker logged (every packet it received, among the rest).
+        self.log = folder / "mosquitto.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -241,6 +244,31 @@ async def test_qos1_loses_nothing_over_a_broker_restart(mosquitto: Mosquitto) ->
             await sender.publish(f"in/{i}", b"%d" % i, qos=1)
         await eventually(lambda: node.guaranteed.queue("inbox").spooled >= 20)  # type: ignore[attr-defined]
         assert bridge.statistics().connects == 2
+
+
+@pytest.mark.parametrize("how", ["stop", "node stops"])
+async def test_a_stopping_bridge_writes_what_it_took_and_says_goodbye(
+    mosquitto: Mosquitto, how: str
+) -> None:
+    # Before, a bridge's stop (or its node's) cut the connection: what it had taken for
+    # the broker was lost, and without a DISCONNECT the broker saw the bridge fail (as
+    # it would publish a will for) rather than leave.
+    observer = Paho(mosquitto.port, "observer", V5)
+    await observer.connect()
+    await observer.subscribe(("site/#", 0))
+    mappings = [TopicMapping("plant/>", mode="PUB", destination="site/{2-#}")]
+    async with Node(name="edge") as node:
+        bridge = await _open(node, mosquitto, 5, topics=mappings)
+        local = node.connect(client_name="local")
+        for i in range(200):
+            local.publish(f"plant/m{i}", b"%d" % i)
+        if how == "stop":
+            bridge.stop()
+            await bridge.link.aclose()
+    got = await observer.receive_many(200)
+    assert sorted(int(m.payload) for m in got) == list(range(200))
+    client_id = bridge.link.client_id  # type: ignore[attr-defined]
+    await eventually(lambda: f"Received DISCONNECT from {client_id}" in mosquitto.log.read_text())
 
 
 async def test_the_broker_refusing_the_login_is_a_connect_failure(mosquitto: Mosquitto) -> None:
