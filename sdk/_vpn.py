@@ -6,7 +6,7 @@ import itertools
 from collections import deque
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -139,6 +139,56 @@ class Vpn:
         )
         self._users[name] = user
         return user
+
+    def remove_user(self, name: str) -> bool:
+        """Remove a client username: it can no longer log in, while sessions open under
+        it keep their login. Removing ``"default"`` puts the built-in one back.
+
+        :returns: whether the VPN had it.
+        """
+        if name not in self._users:
+            return False
+        if name == "default":
+            self._users[name] = ClientUsername("default")
+        else:
+            del self._users[name]
+        return True
+
+    def remove_client_profile(self, name: str) -> bool:
+        """Remove a client profile (``"default"``: put the built-in one back); open
+        sessions keep the profile they logged in with.
+
+        :returns: whether the VPN had it.
+        :raises ConfigurationError: a username still names it.
+        """
+        return self._remove_profile(self._client_profiles, name, "client", ClientProfile)
+
+    def remove_acl_profile(self, name: str) -> bool:
+        """Remove an ACL profile (``"default"``: put the built-in one back); open
+        sessions keep the profile they logged in with.
+
+        :returns: whether the VPN had it.
+        :raises ConfigurationError: a username still names it.
+        """
+        return self._remove_profile(self._acl_profiles, name, "ACL", AclProfile)
+
+    def _remove_profile(
+        self, profiles: dict[str, Any], name: str, kind: str, built_in: type[Any]
+    ) -> bool:
+        if name not in profiles:
+            return False
+        if name == "default":
+            profiles[name] = built_in("default")
+            return True
+        field = "client_profile" if kind == "client" else "acl_profile"
+        users = sorted(u.name for u in self._users.values() if getattr(u, field) == name)
+        if users:
+            raise ConfigurationError(
+                f"{kind} profile {name!r} is still the profile of username(s) "
+                + ", ".join(repr(u) for u in users)
+            )
+        del profiles[name]
+        return True
 
     @property
     def client_profiles(self) -> Mapping[str, ClientProfile]:

@@ -407,6 +407,32 @@ async def test_open_sessions_keep_the_profile_they_logged_in_with(meshbus_node: 
 # --- node lifecycle ----------------------------------------------------------------------------
 
 
+def test_usernames_and_profiles_can_be_removed() -> None:
+    vpn = Node().vpn()
+    vpn.add_client_profile(ClientProfile("gold", max_subscriptions=3))
+    vpn.add_acl_profile(AclProfile("narrow", subscribe_default="deny"))
+    vpn.add_user("alice", client_profile="gold", acl_profile="narrow")
+    vpn.add_user("default", enabled=False)
+    vpn.add_client_profile(ClientProfile("default", max_subscriptions=1))
+
+    with pytest.raises(ConfigurationError, match=r"still the profile of username\(s\) 'alice'"):
+        vpn.remove_client_profile("gold")
+    with pytest.raises(ConfigurationError, match="'alice'"):
+        vpn.remove_acl_profile("narrow")
+    assert vpn.remove_user("alice")
+    assert not vpn.remove_user("alice")
+    assert vpn.remove_client_profile("gold")
+    assert vpn.remove_acl_profile("narrow")
+    assert not vpn.remove_client_profile("gold")
+    assert set(vpn.users) == {"default"}
+    assert set(vpn.client_profiles) == {"default"}
+    # "default" always exists: removing it puts the built-in one back.
+    assert vpn.remove_user("default")
+    assert vpn.remove_client_profile("default")
+    assert vpn.users["default"] == ClientUsername("default")
+    assert vpn.client_profiles["default"] == ClientProfile("default")
+
+
 async def test_connect_before_start_and_after_stop_is_a_state_error() -> None:
     node = Node(name="lifecycle")
     assert not node.running
