@@ -103,9 +103,10 @@ class ConfigSection:
     plugin keeps of it (``None`` when it reported problems). Then, for a valid file,
     ``configure(target, value)`` runs when the node is built, before it starts, and
     ``provision(target, value)`` once it runs (what needs a running node, such as
-    queues); ``target`` is the node for a node-wide section and the VPN for a VPN
-    section. Either may raise :class:`~meshbus.ConfigurationError` whose ``problems``
-    start with the key they are about, relative to the section (``"orders: why"``).
+    queues), and :attr:`reload` when the file is read again while it runs. ``target``
+    is the node for a node-wide section and the VPN for a VPN section. Each may raise
+    :class:`~meshbus.ConfigurationError` whose ``problems`` start with the key they are
+    about, relative to the section (``"orders: why"``).
     """
 
     name: str
@@ -119,6 +120,13 @@ class ConfigSection:
     """Applies it to the node (or VPN) being built, before the node starts."""
     provision: Callable[[Any, Any], Awaitable[None]] | None = None
     """Applies it to the running node (or one of its VPNs)."""
+    reload: Callable[[Any, Any, Any], Callable[[], Awaitable[None]]] | None = None
+    """Changes a running node from what the section held (``old``) to what a reloaded
+    file holds (``new``; either is ``None`` when the table is absent):
+    ``reload(target, old, new)`` checks, changing nothing, and returns what applies the
+    change. It raises :class:`~meshbus.ConfigurationError` listing what it cannot change
+    while the node runs, and the whole reload is refused. Without it, any change to the
+    table takes a restart."""
     summary: str = ""
     """One line on what the table holds, for error messages and docs."""
 

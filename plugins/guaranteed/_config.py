@@ -5,12 +5,14 @@
     [vpns.NAME.topic_endpoints.ENDPOINT]  # the same but subscriptions (given at bind)
 
 Read through :func:`~meshbus.hookspecs.meshbus_config_sections` and created when the node
-runs; a dead message queue must name a queue of the same VPN.
+runs; a dead message queue must name a queue of the same VPN. A reload of the file
+creates the endpoints it adds and changes queues' subscriptions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import attrs
@@ -114,12 +116,68 @@ async def _provision_topic_endpoints(vpn: Vpn, settings: Sequence[QueueSettings]
     await _provision(vpn, settings, "topic endpoints")
 
 
+def _reload(
+    vpn: Vpn,
+    old: Sequence[QueueSettings] | None,
+    new: Sequence[QueueSettings] | None,
+    kind: str,
+) -> Callable[[], Awaitable[None]]:
+    """A reload of the file: endpoints it adds are created, a queue's subscriptions
+    follow what the file added and removed. Any other change to an endpoint (its
+    settings, or its removal: a reload never deletes one with its messages) takes a
+    restart."""
+    service: Any = vpn.node.guaranteed
+    before = {each.name: each for each in old or ()}
+    after = {each.name: each for each in new or ()}
+    queues = kind == "queues"
+    problems = [
+        f"{name}: removed, and that takes a restart (a reload deletes no {kind[:-1]})"
+        for name in before
+        if name not in after
+    ]
+    steps: list[Callable[[], Awaitable[None]]] = []
+    for name, settings in after.items():
+        previous = before.get(name)
+        if previous == settings:
+            continue
+        existing = service.find_queue(vpn.name, name if queues else "#te/" + name)
+        if previous is None or existing is None:  # new, or deleted through the API
+            if existing is not None and existing.settings != settings:
+                problems.append(f"{name}: exists in the VPN with other settings")
+            else:
+                steps.append(functools.partial(_provision, vpn, [settings], kind))
+        elif queues and attrs.evolve(previous, subscriptions=settings.subscriptions) == settings:
+            steps.append(functools.partial(_resubscribe, vpn, previous, settings))
+        else:
+            what = "settings other than subscriptions" if queues else "settings"
+            problems.append(f"{name}: {what} changed, and that takes a restart")
+    if problems:
+        raise ConfigurationError(f"{len(problems)} {kind} cannot change", problems)
+
+    async def apply() -> None:
+        for step in steps:
+            await step()
+
+    return apply
+
+
+async def _resubscribe(vpn: Vpn, old: QueueSettings, new: QueueSettings) -> None:
+    service: Any = vpn.node.guaranteed
+    for subscription in new.subscriptions:
+        if subscription not in old.subscriptions:
+            service.add_subscription(new.name, subscription, vpn=vpn.name)
+    for subscription in old.subscriptions:
+        if subscription not in new.subscriptions:
+            service.remove_subscription(new.name, subscription, vpn=vpn.name)
+
+
 SECTIONS = (
     ConfigSection(
         "queues",
         "vpn",
         _read_queues,
         provision=_provision_queues,
+        reload=functools.partial(_reload, kind="queues"),
         summary="queues of the VPN, by name: the fields of QueueSettings",
     ),
     ConfigSection(
@@ -127,6 +185,7 @@ SECTIONS = (
         "vpn",
         _read_topic_endpoints,
         provision=_provision_topic_endpoints,
+        reload=functools.partial(_reload, kind="topic endpoints"),
         summary="topic endpoints of the VPN, by name: the fields of QueueSettings "
         "but subscriptions",
     ),
