@@ -338,6 +338,12 @@ class Bridge:
         if isinstance(link, (WireLink, LocalLink)) or hasattr(link, "stop"):
             link.stop(reason)
 
+    async def aclose(self, reason: str = "stopped") -> None:
+        """:meth:`stop` the bridge, and return once its connection has closed (what its
+        link had taken for the remote written first, as a link's ``aclose`` does)."""
+        self.stop(reason)
+        await self.link.aclose(reason)
+
     def statistics(self) -> LinkStatistics:
         """The counters of the bridge's link (SPEC 7): connects, connect failures,
         disconnects, forwarded, forward failures, received, receive failures, drops by

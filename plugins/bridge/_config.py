@@ -25,7 +25,8 @@
     destination = "${site}/alarms/{2}"
 
 Everything is checked with the rest of the file, mappings compiled (every problem
-listed at its key); the bridges open once the node runs.
+listed at its key); the bridges open once the node runs. A reload of the file opens,
+closes or changes them while the node runs (:mod:`._reload`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from meshbus.transports import Remote, read_backoff_table, read_tls_table, valid
 
 from ._bridge import BRIDGE, BridgeSettings, open_bridge
 from ._mapping import TopicMapping, directions
+from ._reload import reload_bridges
 
 __all__ = ["SECTIONS"]
 
@@ -228,6 +230,7 @@ SECTIONS = (
         "vpn",
         _read_bridges,
         provision=_provision,
+        reload=reload_bridges,
         summary="bridges from the VPN: the fields of BridgeSettings, mappings in [[...topics]]",
     ),
 )
