@@ -18,6 +18,13 @@ tcp://HOST:PORT`` (``tls://`` for TLS), then one per listener of a plugin (the
 ``mqtt://`` or ``mqtts://`` ones of ``[[mqtt.listeners]]``), then serves until SIGINT
 or SIGTERM, when it prints ``meshbus run: stopping (SIGTERM)``, closes the listeners
 and stops the node.
+
+On SIGHUP it reads CONFIG again and applies what changed and can change while the node
+runs (:mod:`meshbus.app._config_reload`: profiles, usernames, bridges and their
+subscriptions, new queues and queue subscriptions), printing ``meshbus run: reloaded
+CONFIG: N changes``. A file that is invalid, or changes something that takes a restart,
+is refused as a whole: every reason goes to standard error, and the node runs on as
+before.
 Once the listeners are up, the process tunes its garbage collector for a node's
 many short-lived objects (:mod:`meshbus.app._collector`).
 
@@ -29,11 +36,12 @@ standard error, and nothing is started).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +54,7 @@ from meshbus.transports._metrics import prometheus_missing, split_address
 
 from ._collector import tune_collector
 from ._config import NodeConfig, default_config, load_config
+from ._config_reload import reload_node
 from ._eventloop import LOOPS
 from ._eventloop import run as run_on_loop
 from ._logging import FORMATS, configure_logging
@@ -179,14 +188,9 @@ def main(
         if missing is not None:
             print(f"{_PREFIX} --metrics: {missing}", file=sys.stderr)
             return 2
+    load = functools.partial(_load, config_path, addresses, metrics)
     try:
-        config = default_config(Path.cwd()) if config_path is None else load_config(config_path)
-        if addresses:
-            listeners = tuple(ListenerSettings(host=host, port=port) for host, port in addresses)
-            config = attrs.evolve(config, listeners=listeners)
-        if metrics is not None:
-            settings = attrs.evolve(config.metrics or MetricsSettings(), listen=metrics)
-            config = attrs.evolve(config, metrics=settings)
+        config = load()
         node = config.build_node()
     except ConfigurationError as exc:
         _print_problems(exc, config_path)
@@ -194,13 +198,28 @@ def main(
     log.info("serving node %r from %s (meshbus %s)", node.name, config.source, __version__)
     log.info("plugins: %s", ", ".join(_describe_plugins(node)) or "none")
     try:
-        return run_on_loop(_serve, config, node, loop=loop)
+        return run_on_loop(_serve, config, node, load, loop=loop)
     except ConfigurationError as exc:  # a queue refused at provisioning
         _print_problems(exc, config.source)
         return 2
     except (MeshbusError, OSError) as exc:
         print(f"{_PREFIX} node {node.name} failed: {exc}", file=sys.stderr)
         return 1
+
+
+def _load(
+    config_path: str | None, addresses: Sequence[tuple[str, int]], metrics: str | None
+) -> NodeConfig:
+    """The configuration file (the defaults without one) with the command line's
+    ``--listen`` and ``--metrics`` in place of its listeners and metrics address."""
+    config = default_config(Path.cwd()) if config_path is None else load_config(config_path)
+    if addresses:
+        listeners = tuple(ListenerSettings(host=host, port=port) for host, port in addresses)
+        config = attrs.evolve(config, listeners=listeners)
+    if metrics is not None:
+        settings = attrs.evolve(config.metrics or MetricsSettings(), listen=metrics)
+        config = attrs.evolve(config, metrics=settings)
+    return config
 
 
 def _describe_plugins(node: Node) -> list[str]:
@@ -219,9 +238,9 @@ def _print_problems(exc: ConfigurationError, source: str | None) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-async def _serve(config: NodeConfig, node: Node) -> int:
+async def _serve(config: NodeConfig, node: Node, load: Callable[[], NodeConfig]) -> int:
     # Opened first, so a signal that comes while the node starts is not lost.
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with node:
             # Before provisioning and the listeners: probes see the node start.
             endpoint = await _serve_metrics(config, node)
@@ -254,6 +273,9 @@ async def _serve(config: NodeConfig, node: Node) -> int:
                     gc.get_freeze_count(),
                 )
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        config = await _reload(node, config, load)
+                        continue
                     name = signal.Signals(signum).name
                     print(f"{_PREFIX} stopping ({name})", flush=True)
                     log.info("stopping node %r on %s", node.name, name)
@@ -263,6 +285,34 @@ async def _serve(config: NodeConfig, node: Node) -> int:
                     for server in reversed(servers):
                         await server.aclose()
     return 0
+
+
+async def _reload(node: Node, running: NodeConfig, load: Callable[[], NodeConfig]) -> NodeConfig:
+    """SIGHUP: read the file again and apply what changed (:func:`reload_node`); the
+    configuration the node runs with afterwards."""
+    source = running.source
+    if source == "<defaults>":
+        print(f"{_PREFIX} SIGHUP: no configuration file to reload", file=sys.stderr, flush=True)
+        return running
+    try:
+        new = await anyio.to_thread.run_sync(load)
+    except ConfigurationError as exc:
+        _refused(f"reload of {source} refused, nothing changed: {exc}", exc.problems)
+        return running
+    try:
+        changes = await reload_node(node, running, new)
+    except ConfigurationError as exc:
+        _refused(str(exc), exc.problems)
+        return running
+    count = len(changes)
+    print(f"{_PREFIX} reloaded {source}: {count} change{'' if count == 1 else 's'}", flush=True)
+    return new
+
+
+def _refused(why: str, problems: Sequence[str]) -> None:
+    lines = [f"{_PREFIX} {why}:"] + [f"  {problem}" for problem in problems]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    log.warning("%s", why)
 
 
 async def _serve_metrics(config: NodeConfig, node: Node) -> Any:

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -327,3 +328,58 @@ def test_the_node_process_tunes_its_garbage_collector(command: Start, tmp_path: 
     tuned = [line for line in cmd.stderr_lines if "garbage collector: thresholds" in line]
     assert len(tuned) == 1, cmd.stderr_lines
     assert "(50000, 20, 20)" in tuned[0]
+
+
+async def test_sighup_reloads_the_file_and_refuses_a_broken_one(
+    command: Start, tmp_path: Path
+) -> None:
+    text = """
+        [[listeners]]
+        port = 0
+        [vpns.plant]
+        authentication = "basic"
+        [vpns.plant.users.sensor]
+        password = "first"
+        """
+    write_config(tmp_path, text)
+    cmd = command(["edge.toml"], tmp_path)
+    (line,) = await anyio.to_thread.run_sync(cmd.wait_for, LISTENING.format(name="meshbus"))
+    url = line.removeprefix(LISTENING.format(name="meshbus"))
+
+    write_config(tmp_path, text + "[vpns.plant.users.other\n")
+    cmd.process.send_signal(signal.SIGHUP)
+    with anyio.fail_after(WAIT):
+        while not any(line.startswith("  edge.toml:") for line in cmd.stderr_lines):
+            await anyio.sleep(0.05)
+    write_config(tmp_path, text.replace('"first"', '"second"'))
+    cmd.process.send_signal(signal.SIGHUP)
+    (line,) = await anyio.to_thread.run_sync(cmd.wait_for, "meshbus run: reloaded")
+    assert line == "meshbus run: reloaded edge.toml: 1 change"
+
+    with pytest.raises(AuthenticationError):
+        async with connect(url, vpn="plant", username="sensor", password="first", reconnect=False):
+            pass
+    async with connect(url, vpn="plant", username="sensor", password="second", reconnect=False):
+        pass
+    assert await anyio.to_thread.run_sync(cmd.finish, signal.SIGTERM) == 0
+    printed = [line for line in cmd.stderr_lines if line.startswith(("meshbus", "  "))]
+    assert printed == [
+        "meshbus run: reload of edge.toml refused, nothing changed: invalid configuration "
+        "edge.toml: 1 problem:",
+        "  edge.toml: line 8, column 32: invalid TOML: Expected ']' at the end of a table "
+        "declaration",
+    ]
+
+
+def test_sighup_without_a_file_says_there_is_nothing_to_reload(
+    command: Start, tmp_path: Path
+) -> None:
+    cmd = command(["--listen", "127.0.0.1:0"], tmp_path)
+    cmd.wait_for(LISTENING.format(name="meshbus"))
+    cmd.process.send_signal(signal.SIGHUP)
+    said = "meshbus run: SIGHUP: no configuration file to reload"
+    deadline = time.monotonic() + WAIT
+    while said not in cmd.stderr_lines:  # before SIGTERM: two signals have no order
+        assert time.monotonic() < deadline, cmd.stderr_lines
+        time.sleep(0.05)
+    assert cmd.finish(signal.SIGTERM) == 0

@@ -11,6 +11,7 @@ probes are published on A (a bridge carries nothing before it is).
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,11 +130,13 @@ def urls(
             child.close()
 
 
-async def until_bridged(publisher: RemoteSession, reader: RemoteSession) -> None:
+async def until_bridged(
+    publisher: RemoteSession, reader: RemoteSession, topic: str = "a/probe"
+) -> None:
     """Publish probes on A until one reaches B."""
     with anyio.fail_after(WAIT):
         while True:
-            publisher.publish("a/probe", b"?")
+            publisher.publish(topic, b"?")
             with anyio.move_on_after(0.1):
                 await reader.receive()
                 return
@@ -206,3 +209,61 @@ async def test_guaranteed_messages_wait_on_a_until_b_has_room_across_processes(
     assert [m.payload for m in got] == [b"%d" % i for i in range(1000)]
     assert not any(m.redelivered for m in got)
     assert {m.hop_count for m in got} == {1}
+
+
+async def test_sighup_changes_the_bridge_s_subscriptions_across_processes(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    # Node B's file first asks A for a/>; a SIGHUP after the file asks for b/> moves
+    # the bridge over. A file changing a listener is refused and changes nothing.
+    started: list[Child] = []
+
+    def run(name: str, text: str) -> Child:
+        (tmp_path / f"{name}.toml").write_text(text, encoding="utf-8")
+        args = [sys.executable, "-m", "meshbus", "run", f"{name}.toml", "--loop", anyio_backend]
+        started.append(Child(args, tmp_path))
+        return started[-1]
+
+    def rewrite(text: str) -> None:
+        (tmp_path / "node-b.toml").write_text(text, encoding="utf-8")
+        node_b.process.send_signal(signal.SIGHUP)
+
+    try:
+        a_url = url_of(run("node-a", NODE_A))
+        b_text = NODE_B.format(url=a_url).replace('queues = ["Q"]\n', "")
+        node_b = run("node-b", b_text)
+        b_url = url_of(node_b)
+        async with (
+            connect(a_url, client_name="pub", reconnect=False) as publisher,
+            connect(b_url, client_name="reader", reconnect=False) as reader,
+        ):
+            reader.subscribe(">")
+            await until_bridged(publisher, reader)
+
+            rewrite(b_text.replace("port = 0", "port = 1", 1))
+            with anyio.fail_after(WAIT):
+                while not any("refused" in line for line in node_b.stderr_lines):
+                    await anyio.sleep(0.05)
+            await until_bridged(publisher, reader)  # as before
+
+            rewrite(b_text.replace('subscriptions = ["a/>"]', 'subscriptions = ["b/>"]'))
+            (line,) = await anyio.to_thread.run_sync(node_b.wait_for, "meshbus run: reloaded")
+            await until_bridged(publisher, reader, "b/probe")
+            publisher.publish("a/x", b"")
+            publisher.publish("b/x", b"")
+            publisher.publish("b/end", b"")
+            got = []
+            with anyio.fail_after(WAIT):
+                while (message := await reader.receive()).topic != "b/end":
+                    got.append(message.topic)
+        assert line == "meshbus run: reloaded node-b.toml: 1 change"
+        assert [topic for topic in got if not topic.endswith("probe")] == ["b/x"]
+        printed = [line for line in node_b.stderr_lines if not line.startswith("20")]  # no logs
+        assert printed == [
+            "meshbus run: reload of node-b.toml refused, nothing changed: 1 problem:",
+            "  node-b.toml: listeners: changed, and that takes a restart of the node",
+        ]
+        assert await anyio.to_thread.run_sync(node_b.finish, signal.SIGTERM) == 0
+    finally:
+        for child in started:
+            child.close()
