@@ -2,8 +2,9 @@
 
 A management user reads the node through its management API over TCP (what
 ``meshbus show`` and ``meshbus queue`` do), a slow consumer is logged as it starts
-discarding, and, with the ``metrics`` extra, Prometheus scrapes the node and the
-readiness probe answers.
+discarding, a changed configuration file is applied to a running node (what
+``meshbus run`` does on SIGHUP) and, with the ``metrics`` extra, Prometheus scrapes
+the node and the readiness probe answers.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 import anyio
 
 from meshbus import ClientProfile, Node
+
+from ._config import NodeConfig
 
 
 class _Printed(logging.Handler):
@@ -39,7 +42,7 @@ async def _get(port: int, path: str) -> tuple[int, str]:
 async def operate_demo() -> None:
     from meshbus.transports import ListenerSettings, RemoteManagement, connect, start_server
 
-    print("\n== Operating a node: management API, slow-consumer log, metrics (SPEC 6)")
+    print("\n== Operating a node: management API, slow-consumer log, config reload, metrics")
     handler = _Printed(logging.WARNING)
     session_log = logging.getLogger("meshbus.session")
     session_log.addHandler(handler)
@@ -74,6 +77,7 @@ async def operate_demo() -> None:
                 purged = await manage.purge_queue("orders")
                 print(f"  purged {purged['purged']} message(s) from 'orders' as user 'ops'")
 
+            await _reload_demo()
             if importlib.util.find_spec("prometheus_client") is None:
                 print("  metrics: skipped: pip install 'meshbus[metrics]' to see it")
                 return
@@ -89,3 +93,41 @@ async def operate_demo() -> None:
             print(f"  /readyz: {status} {text.strip()}")
     finally:
         session_log.removeHandler(handler)
+
+
+_FILE = """
+[vpns.default.queues.orders]
+subscriptions = ["orders/>"]
+"""
+
+
+async def _reload_demo() -> None:
+    """What ``meshbus run`` does on SIGHUP: the file read again, applied to the
+    running node, or refused whole."""
+    import tempfile
+    import tomllib
+
+    from meshbus import ConfigurationError
+
+    from ._config import parse_config
+    from ._config_reload import reload_node
+
+    def read(text: str, folder: str) -> NodeConfig:
+        return parse_config(tomllib.loads(text), source="edge.toml", environ={}, base_dir=folder)
+
+    with tempfile.TemporaryDirectory() as folder:
+        running = read(_FILE, folder)
+        node = running.build_node()
+        async with node:
+            await running.provision(node)
+            edited = _FILE.replace('["orders/>"]', '["orders/>", "returns/>"]')
+            edited += '[vpns.default.users.night-shift]\nacl_profile = "default"\n'
+            for change in await reload_node(node, running, read(edited, folder)):
+                print(f"  reload (SIGHUP): {change}")
+            (orders,) = node.guaranteed.queue_statistics()
+            subscriptions = orders.subscriptions
+            print(f"  queue 'orders' now subscribes to {list(subscriptions)}, no restart")
+            try:
+                await reload_node(node, running, read('[node]\nname = "x"\n' + _FILE, folder))
+            except ConfigurationError as exc:
+                print(f"  reload refused, nothing changed: {exc.problems[0]}")

@@ -56,7 +56,7 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "bridge 'to-office' (site -> office) in-sync" in out
     assert "office clerk got site-7/alarms/press-3 = overheated from 'press-3'" in out
     assert "site operator got orders/17 = 400 parts from 'erp' (hop count 1)" in out
-    # operating: the management API, the slow-consumer warning, a scrape and a probe
+    # operating: the management API, the slow-consumer warning, a reload, a scrape, a probe
     assert (
         "log WARNING: slow consumer: session 'dashboard' (username 'dashboard', VPN 'default')"
         " discarded 1 message(s)"
@@ -64,6 +64,12 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "3 connections; 'dashboard' has 5 waiting and 3 discarded" in out
     assert "queue 'orders' holds 3 message(s)" in out
     assert "purged 3 message(s) from 'orders' as user 'ops'" in out
+    assert "reload (SIGHUP): vpns.default.users.night-shift: added" in out
+    assert "queue 'orders' now subscribes to ['orders/>', 'returns/>'], no restart" in out
+    assert (
+        "reload refused, nothing changed: edge.toml: node.name: changed, and that takes a "
+        "restart of the node"
+    ) in out
     assert "scraped: meshbus_node_discarded_total 3.0" in out
     assert 'scraped: meshbus_queue_messages{kind="queue",queue="orders",vpn="default"} 0.0' in out
     assert "/readyz: 200 ready" in out
