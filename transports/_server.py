@@ -326,6 +326,7 @@ class Server:
                 acl=session._acl,
                 profile=session.client_profile,
                 peer_login=login,
+                drain_timeout=self.settings.drain_timeout,
             )
             vpn.links.attach(link)
             welcome = self._welcome(session, {"link": login.kind})

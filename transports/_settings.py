@@ -161,5 +161,9 @@ class ListenerSettings:
     """Seconds without hearing from a peer after which it is taken as dead."""
     handshake_timeout: float = attrs.field(default=10.0, validator=_positive_number)
     """Seconds a new connection has to log in."""
+    drain_timeout: float = attrs.field(default=5.0, validator=_positive_number)
+    """Seconds a link this listener accepted (a bridge's, a mesh peer's) may take, as it
+    closes, to write what it had taken for its peer (see
+    :attr:`~meshbus.transports.WireLink.drain_timeout`)."""
     name: str = ""
     """A label for logs and statistics (default: ``host:port``)."""

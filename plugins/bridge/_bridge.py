@@ -153,6 +153,10 @@ class BridgeSettings:
     one once it takes the login again."""
     fail_back_interval: float = attrs.field(default=30.0, validator=_seconds)
     """Seconds between attempts to reach the better-ordered remotes."""
+    drain_timeout: float = attrs.field(default=5.0, validator=_seconds)
+    """Seconds the bridge's connection may take, as it closes (the bridge or its node
+    stops, a reload reopens it), to write what it had taken for the remote; then it is
+    cut. A slow link to a far remote may want more."""
     mqtt: Any = None
     """For ``mqtt://`` and ``mqtts://`` remotes (external MQTT brokers): a
     :class:`~meshbus.plugins.mqtt.MqttBridgeOptions` (a mapping of its fields is
@@ -471,6 +475,7 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
             settings=connect,
             dedup=settings.dedup,
             fail_back=settings.fail_back_interval if settings.fail_back else None,
+            drain_timeout=settings.drain_timeout,
         )
         for topic_filter in bridge.wants:
             wire.want(topic_filter)

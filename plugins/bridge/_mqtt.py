@@ -60,6 +60,7 @@ def open_mqtt_link(vpn: Vpn, bridge: Bridge, name: str) -> Link:
         dedup=settings.dedup,
         queue=queue,
         window=settings.window,
+        drain_timeout=settings.drain_timeout,
     )
     for topic_filter in bridge.wants:
         link.want(topic_filter)

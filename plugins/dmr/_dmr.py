@@ -95,6 +95,7 @@ class Dmr:
             kind=neighbour.kind,
             settings=connect,
             endpoint=neighbour.endpoint,
+            drain_timeout=settings.drain_timeout,
         )
         link.keeps_interest = True
         link.on_advertise = on_advertise

@@ -111,6 +111,10 @@ class DmrSettings:
     """Most reply-to topics remembered for routing replies to a requester's node."""
     reply_ttl: float = attrs.field(default=60.0, validator=_positive)
     """Seconds a reply-to topic is routed back after its request came."""
+    drain_timeout: float = attrs.field(default=5.0, validator=_positive)
+    """Seconds a link to a peer may take, as it closes (the node stops), to write what it
+    had taken for the peer; then it is cut. Links peers opened to this node take their
+    listener's ``drain_timeout``."""
 
     def __attrs_post_init__(self) -> None:
         names: set[str] = set()

@@ -19,7 +19,7 @@ from meshbus.hookspecs import hookimpl
 from meshbus.plugins import hopcount
 from meshbus.plugins.hopcount import HopCountSettings
 from meshbus.transports import Backoff, WireLink
-from meshbus.transports.testing import Mesh
+from meshbus.transports.testing import QUICK_LISTENER, Mesh
 
 pytestmark = pytest.mark.anyio
 
@@ -453,6 +453,30 @@ async def test_a_peer_that_reads_nothing_holds_a_closing_link_for_its_drain_time
     # The cut write is not known to have reached the peer: not counted as forwarded.
     statistics = link.statistics()
     assert (statistics.forwarded, statistics.forward_failures) == (150, 150)
+
+
+async def test_a_link_a_listener_accepted_drains_for_the_listener_s_drain_timeout(
+    mesh: Mesh,
+) -> None:
+    # Node a accepts b's link on a listener whose drain_timeout is 2 s; b reads nothing.
+    a = await mesh.start("a", listener=attrs.evolve(QUICK_LISTENER, drain_timeout=2.0))
+    b = await mesh.start("b")
+    link = mesh.link(b, "a", wants=["u/>"])
+    await mesh.in_sync(link)
+    (accepted,) = a.vpn().links
+    assert isinstance(accepted, WireLink)
+    assert accepted.drain_timeout == 2.0
+    mesh.network.delay("a", "b", 100)  # nothing is read for 100 s
+    publish_numbered(a, range(150))
+    await mesh.clock.settle()  # written: the connection holds it, in flight
+    publish_numbered(a, range(150, 300))  # its write waits for room
+    connection = accepted._connection
+    assert connection is not None
+    accepted.stop("done")
+    await mesh.clock.run(1.9)
+    assert not connection.closed
+    await mesh.clock.run(0.2)
+    assert connection.closed  # not after the default 5 s
 
 
 async def test_a_mesh_node_stops_and_starts_again_and_retry_now_cuts_the_backoff(

@@ -196,3 +196,30 @@ def test_compression_may_name_an_algorithm(tmp_path: Path) -> None:
         f"{at}.remotes[1].compression",
     ]
     assert all(p.endswith("got 'lz5'") for p in problems)
+
+
+def test_a_bridge_s_drain_timeout_reaches_its_link(tmp_path: Path) -> None:
+    text = GOOD.replace('remote_vpn = "office"', 'remotes = ["tcp://127.0.0.1:1"]')
+    config = load(tmp_path, text.replace("hop_count_limit = 2", "drain_timeout = 30.0"))
+    (settings,) = config.vpn("default").section("bridges")
+    assert settings.drain_timeout == 30.0
+    with pytest.raises(ConfigurationError) as caught:
+        load(tmp_path, text.replace("hop_count_limit = 2", "drain_timeout = -1"))
+    (problem,) = caught.value.problems
+    assert "bridges[0].drain_timeout: must be a positive number of seconds, got -1" in problem
+
+
+async def test_a_bridge_passes_its_drain_timeout_to_its_link() -> None:
+    from meshbus import Node
+    from meshbus.plugins.bridge import BridgeSettings, open_bridge
+
+    async with Node() as node:
+        wire = open_bridge(
+            node.vpn(), BridgeSettings("w", remotes=["tcp://127.0.0.1:1"], drain_timeout=30.0)
+        )
+        mqtt = open_bridge(
+            node.vpn(), BridgeSettings("m", remotes=["mqtt://127.0.0.1:1"], drain_timeout=40.0)
+        )
+        assert (wire.link.drain_timeout, mqtt.link.drain_timeout) == (30.0, 40.0)
+        wire.stop()
+        mqtt.stop()

@@ -186,3 +186,11 @@ async def test_a_send_to_a_queue_name_reaches_the_queues_of_that_name_on_other_n
     assert dmr["n1"].neighbour("n2").out.statistics().forwarded == 0  # type: ignore[union-attr]
     with pytest.raises(PublishRejectedError, match="no-such-queue"):
         await sender.send_to_queue("nowhere", b"x")
+
+
+async def test_the_links_a_node_dials_drain_for_its_drain_timeout(mesh: Mesh) -> None:
+    nodes, _ = await start_mesh(mesh, {"A": ["a1", "a2"]}, drain_timeout=12.5)
+    (link,) = (x for x in nodes["a1"].vpn().links if isinstance(x, WireLink) and x.settings)
+    assert link.drain_timeout == 12.5
+    with pytest.raises(ConfigurationError, match="drain_timeout"):
+        DmrSettings(drain_timeout=0)
