@@ -392,9 +392,26 @@ class Routing:
 
     # --- neighbours' links ---------------------------------------------------------------
 
+    def _become_gateway(self) -> None:
+        """The first external neighbour: from now on a summary for the gateways of other
+        clusters is kept. Once routing runs it starts from what is wanted already, here
+        and by this cluster's nodes (before routing runs, :meth:`start` builds it)."""
+        self.gateway = True
+        if self.dmr is None:
+            return
+        for (kind, topic_filter), n in self.local.items():
+            for _ in range(n):
+                self.to_gateways.add(kind, topic_filter)
+        for other in self.neighbours.values():
+            if other.kind == "internal":
+                for kind in _FOREIGN:
+                    for topic_filter in other.learned[kind]:
+                        self.to_gateways.add(kind, topic_filter)
+
     def add_neighbour(self, neighbour: Neighbour) -> None:
         self.neighbours[neighbour.name] = neighbour
-        self.gateway = self.gateway or neighbour.kind == "external"
+        if neighbour.kind == "external" and not self.gateway:
+            self._become_gateway()
         (self._cluster_queues if neighbour.kind == "internal" else self._gateway_queues).add(
             neighbour.endpoint
         )

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from meshbus.plugins.dmr import start_dmr
 from meshbus.transports.testing import Mesh
 
-from ._helpers import data_out, drain, start_mesh
+from ._helpers import data_out, drain, settings_for, start_mesh, start_nodes
 
 pytestmark = pytest.mark.anyio
 
@@ -110,3 +111,29 @@ async def test_two_external_links_between_two_clusters_leave_one(mesh: Mesh) -> 
     await mesh.clock.settle()
     assert [m.payload for m in drain(subscriber)] == [b"once"]
     assert data_out(dmr["a1"], "b2") == 1
+
+
+async def test_a_gateway_advertises_what_its_node_wanted_before_routing_started(
+    mesh: Mesh,
+) -> None:
+    # Before, the summary for other clusters was built only from interest that came
+    # after routing started: a queue the configuration made first, or a client that
+    # subscribed first, never reached the other cluster.
+    layout, external = {"A": ["a1"], "B": ["b1"]}, [("a1", "b1")]
+    nodes = await start_nodes(mesh, layout)
+    early = nodes["a1"].connect(client_name="early")
+    early.subscribe("x/>")
+    nodes["a1"].guaranteed.create_queue("orders", subscriptions=["orders/>"])  # type: ignore[attr-defined]
+    routers = [
+        await start_dmr(node, settings_for(mesh, layout, name, external), wait=False)
+        for name, node in nodes.items()
+    ]
+    await mesh.clock.wait_for(lambda: all(r.in_sync for r in routers), within=30)
+    await mesh.clock.settle()
+    publisher = nodes["b1"].connect()
+    publisher.publish("x/1", b"direct")
+    await publisher.send("orders/1", b"guaranteed")
+    await mesh.clock.settle()
+    assert [m.payload for m in drain(early)] == [b"direct"]
+    queues = nodes["a1"].guaranteed.queue_statistics()  # type: ignore[attr-defined]
+    assert {q.name: q.messages for q in queues} == {"orders": 1, "dmr.b1": 0}
