@@ -386,6 +386,7 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
         if self._serving is None:
             if self._scope is not None:  # connecting or waiting to: no more
                 self._scope.cancel()
+            self._end_flow_session()
         else:  # the dialling loop ends when the connection has closed
             self._close_serving()
         if self.attached:  # now, not when the tasks end: a replacement may take its name
@@ -509,6 +510,8 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
         self._pending, self._hops, self._pending_bytes = [], [], 0
         self._advertised = None
         self._resync_asked = False
+        if self._stopped:
+            self._end_flow_session()
         if self.attached:
             state = LinkState.DISABLED if self._stopped else LinkState.BACKOFF
             self.closed(reason, state)
@@ -742,6 +745,15 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
             )
         assert event.queue is not None
         return await guaranteed.bind(session, event.queue, event.window)
+
+    def _end_flow_session(self) -> None:
+        """A dialling link is done for good: close the session its peer's flows were
+        bound in, so that the name is free for a link that replaces it (an accepted
+        link's session is its login, which its listener closes)."""
+        session = self.session
+        if session is not None and self.settings is not None:
+            self.session = None
+            session.close()
 
     def _flow_session(self) -> Session:
         """The session that holds the flows the peer binds on this side."""

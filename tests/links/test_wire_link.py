@@ -479,6 +479,43 @@ async def test_a_link_a_listener_accepted_drains_for_the_listener_s_drain_timeou
     assert connection.closed  # not after the default 5 s
 
 
+@pytest.mark.parametrize("how", ["while connected", "while cut off"])
+async def test_a_stopped_dialling_link_leaves_no_session_behind(mesh: Mesh, how: str) -> None:
+    # The session that holds the flows the peer binds on the dialling side stayed in
+    # the VPN after the link stopped: a new link of the same name (a reopened bridge,
+    # a re-added routing peer) had every bind refused, its client name in use.
+    a = await mesh.start("a")
+    b = await mesh.start("b")
+    b.guaranteed.create_queue("q", subscriptions=["g/>"])  # type: ignore[union-attr]
+    link = mesh.link(b, "a", name="to-a")
+    await mesh.in_sync(link)
+    (accepted,) = a.vpn().links
+    assert isinstance(accepted, WireLink)
+    accepted.pull("q")
+    await mesh.clock.settle()
+    assert "link:to-a" in b.vpn().sessions
+    if how == "while cut off":
+        mesh.network.partition("a", "b")
+        await mesh.clock.wait_for(lambda: link.state is LinkState.BACKOFF, within=30)
+    await link.aclose()
+    await mesh.clock.settle()
+    assert "link:to-a" not in b.vpn().sessions
+
+    mesh.network.heal("a", "b")
+    again = mesh.link(b, "a", name="to-a")
+    await mesh.in_sync(again)
+    await mesh.clock.settle()
+    (accepted,) = a.vpn().links
+    assert isinstance(accepted, WireLink)
+    subscriber = a.connect(client_name="sub")
+    subscriber.subscribe("g/>")
+    accepted.pull("q")
+    await b.connect().send("g/1", b"bound")
+    await mesh.clock.settle()
+    assert accepted.refusals == {}
+    assert b.vpn().sessions["link:to-a"].closed is False
+
+
 async def test_a_mesh_node_stops_and_starts_again_and_retry_now_cuts_the_backoff(
     mesh: Mesh,
 ) -> None:
