@@ -17,11 +17,14 @@
 ``peers`` are the other nodes of the cluster, by node name; ``external`` the gateway of
 each other cluster this node (then a gateway) links to, at most one per cluster. Once
 the node runs, routing starts, and ``meshbus run`` opens its listeners after the node
-is in sync with the neighbours it can reach (or ``sync_timeout`` passed).
+is in sync with the neighbours it can reach (or ``sync_timeout`` passed). A reload of
+the file (SIGHUP) adds and removes peers while the node runs; any other change to the
+table takes a restart.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -133,6 +136,40 @@ async def _provision(node: Node, settings: DmrSettings) -> None:
     await start_dmr(node, settings)
 
 
+def _reload(
+    node: Node, old: DmrSettings | None, new: DmrSettings | None
+) -> Callable[[], Awaitable[None]]:
+    """A reload of the file: peers added are dialled, peers removed are let go, a peer
+    whose URL or cluster changed is both. Anything else takes a restart."""
+    dmr = dmr_of(node)
+    if old is None or new is None or dmr is None:
+        why = "starting or stopping dynamic routing takes a restart of the node"
+        raise ConfigurationError(why, [f"peers: {why}"])
+    problems = [
+        f"{field.name}: changed, and that takes a restart of the node"
+        for field in attrs.fields(DmrSettings)
+        if field.name != "peers" and getattr(old, field.name) != getattr(new, field.name)
+    ]
+    try:
+        new.check(node.name, node.cluster)
+    except ConfigurationError as exc:
+        problems.append(f"peers: {exc}")
+    if problems:
+        raise ConfigurationError(f"{len(problems)} problems", problems)
+    before = {peer.name: peer for peer in old.peers}
+    after = {peer.name: peer for peer in new.peers}
+    gone = [name for name, peer in before.items() if after.get(name) != peer]
+    come = [peer for name, peer in after.items() if before.get(name) != peer]
+
+    async def apply() -> None:
+        for name in gone:
+            await dmr.remove_peer(name, "removed from the configuration")
+        for peer in come:
+            dmr.add_peer(peer)
+
+    return apply
+
+
 SECTIONS = (
     ConfigSection(
         "dmr",
@@ -140,6 +177,7 @@ SECTIONS = (
         _read,
         configure=_configure,
         provision=_provision,
+        reload=_reload,
         summary="dynamic routing: peers, external (gateways), vpns, username, tls, backoff",
     ),
 )

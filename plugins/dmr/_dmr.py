@@ -13,13 +13,14 @@ import logging
 from typing import Any
 
 import anyio
+import attrs
 
 from meshbus import ConfigurationError, Link, LinkState, Node, StashKey, Vpn
 from meshbus.transports import ConnectSettings, WireLink
 
 from ._neighbour import Neighbour, link_name
 from ._routing import Routing
-from ._settings import DmrSettings
+from ._settings import DmrSettings, Peer
 
 __all__ = ["DMR", "NEIGHBOUR", "ROUTING", "Dmr", "dmr_of", "start_dmr"]
 
@@ -41,7 +42,7 @@ class Dmr:
     def __init__(self, node: Node, settings: DmrSettings) -> None:
         settings.check(node.name, node.cluster)
         self.node = node
-        #: What it was started with.
+        #: What it runs with: what it was started with, its peers as changed since.
         self.settings = settings
         self.node_name = node.name
         self.cluster = node.cluster
@@ -69,12 +70,48 @@ class Dmr:
             routing.start(self)
             self.routings[vpn_name] = routing
             for peer in self.settings.peers:
-                neighbour = Neighbour(peer, vpn_name)
-                routing.add_neighbour(neighbour)
-                if node.guaranteed is not None:
-                    node.guaranteed.create_queue(neighbour.queue, vpn=vpn_name, accept_direct=False)
+                self._add(routing, peer)
             for neighbour in routing.neighbours.values():
                 self._dial(routing, neighbour)
+
+    def _add(self, routing: Routing, peer: Peer) -> Neighbour:
+        neighbour = Neighbour(peer, routing.vpn.name)
+        routing.add_neighbour(neighbour)
+        guaranteed = self.node.guaranteed
+        if guaranteed is not None:  # or the one kept from before a restart or a removal
+            guaranteed.create_queue(neighbour.queue, vpn=routing.vpn.name, accept_direct=False)
+        return neighbour
+
+    # --- changing peers while running ------------------------------------------------
+
+    def add_peer(self, peer: Peer) -> None:
+        """Route with one more neighbour in every routed VPN (it joined the cluster, or
+        this gateway links to one more cluster): dial it, and take its link."""
+        # Checked first: a name listed twice, a second link to one cluster.
+        settings = attrs.evolve(self.settings, peers=(*self.settings.peers, peer))
+        settings.check(self.node_name, self.cluster)
+        for routing in self.routings.values():
+            self._dial(routing, self._add(routing, peer))
+        self.settings = settings
+        log.info("dmr: routing with peer %r from now on", peer.name)
+        self.sync_changed()
+
+    async def remove_peer(self, name: str, why: str = "no longer a peer") -> None:
+        """Stop routing with neighbour ``name`` in every routed VPN, and return once its
+        links have closed (each writes what it had taken first). Its interest is
+        forgotten at once; the messages its waiting queue holds stay there."""
+        links = []
+        for routing in self.routings.values():
+            neighbour = routing.neighbours.get(name)
+            if neighbour is not None:
+                links += routing.remove_neighbour(neighbour, why)
+        self.settings = attrs.evolve(
+            self.settings, peers=tuple(p for p in self.settings.peers if p.name != name)
+        )
+        log.info("dmr: no longer routing with peer %r: %s", name, why)
+        for link in links:
+            await link.aclose(why)
+        self.sync_changed()
 
     def _dial(self, routing: Routing, neighbour: Neighbour) -> None:
         settings = self.settings

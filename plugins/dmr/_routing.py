@@ -380,6 +380,21 @@ class Routing:
                 for gateway in [n for n in self.neighbours.values() if n.peer.cluster == cluster]:
                     self.refuse(gateway, why)
 
+    def remove_neighbour(self, neighbour: Neighbour, why: str) -> list[WireLink]:
+        """Stop routing with ``neighbour`` for good (a reload of the configuration no
+        longer lists it): forget what it wanted and the replies routed to it, and
+        return its links for the caller to close. Its waiting queue stays, with what it
+        holds, for the neighbour's return; it attracts nothing more."""
+        neighbour.refused = why
+        self._replace(neighbour, {c: set() for c in CLASSES})
+        for topic in [t for t, (owner, _) in self._replies.items() if owner is neighbour]:
+            del self._replies[topic]
+            self._forget_reply(topic, neighbour)
+        del self.neighbours[neighbour.name]
+        self._cluster_queues.discard(neighbour.endpoint)
+        self._gateway_queues.discard(neighbour.endpoint)
+        return [link for link in (neighbour.out, neighbour.into) if link is not None]
+
     def refuse(self, neighbour: Neighbour, why: str) -> None:
         """Stop routing with ``neighbour``: forget what it wanted, stop the link to it and
         refuse the one it dials from now on (``why`` says so to it and in the logs)."""

@@ -56,6 +56,7 @@ class Cluster:
         self.path = tmp_path
         self.scheme = scheme
         self.backend = backend
+        self.names = list(NAMES)
         self.ports = {name: free_port() for name in NAMES}
         self.children: dict[str, Child] = {}
         self.tls = None
@@ -71,7 +72,7 @@ class Cluster:
         return f"{self.scheme}://127.0.0.1:{self.ports[name]}"
 
     def config(self, name: str) -> str:
-        peers = ", ".join(f'{other} = "{self.url(other)}"' for other in NAMES if other != name)
+        peers = ", ".join(f'{other} = "{self.url(other)}"' for other in self.names if other != name)
         tls = self.scheme == "tls"
         return NODE.format(
             name=name,
@@ -86,6 +87,19 @@ class Cluster:
             dmr_tls='tls = { ca = "certs/ca.pem" }' if tls else "",
             queues='[vpns.default.queues.orders]\nsubscriptions = ["g/>"]' if name == "n3" else "",
         )
+
+    def join(self, name: str) -> None:
+        """Add node ``name`` to every file, send the running nodes SIGHUP (they add it
+        as a peer while they run), and start it."""
+        self.names.append(name)
+        self.ports[name] = free_port()
+        for each in self.names:
+            (self.path / f"{each}.toml").write_text(self.config(each), encoding="utf-8")
+        for child in self.children.values():
+            child.process.send_signal(signal.SIGHUP)
+        for child in self.children.values():
+            child.wait_for("meshbus run: reloaded")
+        self.start(name)
 
     def start(self, name: str) -> None:
         args = [sys.executable, "-m", "meshbus", "run", f"{name}.toml", "--loop", self.backend]
@@ -262,3 +276,23 @@ async def test_a_node_killed_and_restarted_serves_with_its_neighbours_interest(
         assert figures["state"] == "in-sync"
         assert figures["synced_after"] is not None
         assert figures["synced_after"] <= 2.0
+
+
+@pytest.mark.parametrize("cluster", ["tcp"], indirect=True)
+async def test_a_node_joins_the_running_cluster_on_sighup(cluster: Cluster) -> None:
+    await anyio.to_thread.run_sync(cluster.join, "n4")
+    async with cluster.session("n1", "watch") as watch, cluster.session("n4", "r") as reader:
+        figures = await until(watch, lambda f: "n4" in f["neighbours"] and all_in_sync(f))
+        assert sorted(figures["neighbours"]) == ["n2", "n3", "n4"]
+        reader.subscribe("to-n4")
+        await reader.confirm()
+        async with cluster.session("n1", "publisher") as publisher:
+            with anyio.fail_after(WAIT):
+                while True:  # until n1 has n4's interest
+                    publisher.publish("to-n4", b"hello")
+                    with anyio.move_on_after(0.2):
+                        message = await reader.receive()
+                        break
+    assert message.payload == b"hello"
+    lines = [c.stdout_lines[-1] for n, c in cluster.children.items() if n != "n4"]
+    assert lines == [f"meshbus run: reloaded {n}.toml: 1 change" for n in ("n1", "n2", "n3")]
