@@ -274,7 +274,7 @@ async def _serve(config: NodeConfig, node: Node, load: Callable[[], NodeConfig])
                 )
                 async for signum in signals:
                     if signum == signal.SIGHUP:
-                        config = await _reload(node, config, load)
+                        config = await _reload(node, config, load, [*servers, *_mqtt(node)])
                         continue
                     name = signal.Signals(signum).name
                     print(f"{_PREFIX} stopping ({name})", flush=True)
@@ -287,15 +287,35 @@ async def _serve(config: NodeConfig, node: Node, load: Callable[[], NodeConfig])
     return 0
 
 
-async def _reload(node: Node, running: NodeConfig, load: Callable[[], NodeConfig]) -> NodeConfig:
-    """SIGHUP: read the file again and apply what changed (:func:`reload_node`); the
-    configuration the node runs with afterwards."""
+async def _reload(
+    node: Node, running: NodeConfig, load: Callable[[], NodeConfig], listeners: list[Any]
+) -> NodeConfig:
+    """SIGHUP: read the file again and apply what changed (:func:`reload_node`), and
+    read the TLS listeners' certificate files again (rotated in place, their paths do
+    not change); the configuration the node runs with afterwards."""
     source = running.source
     if source == "<defaults>":
         print(f"{_PREFIX} SIGHUP: no configuration file to reload", file=sys.stderr, flush=True)
         return running
+    secure = [x for x in listeners if getattr(x, "read_certificates", None) is not None]
+
+    def read() -> tuple[NodeConfig, list[tuple[Any, Any]]]:
+        new = load()
+        contexts, problems = [], []
+        for listener in secure:
+            try:
+                context = listener.read_certificates()
+            except ConfigurationError as exc:
+                problems.append(f"{source}: the listener on {listener.url}: {exc}")
+                continue
+            if context is not None:
+                contexts.append((listener, context))
+        if problems:
+            raise ConfigurationError("its certificates cannot be read", problems)
+        return new, contexts
+
     try:
-        new = await anyio.to_thread.run_sync(load)
+        new, certificates = await anyio.to_thread.run_sync(read)
     except ConfigurationError as exc:
         _refused(f"reload of {source} refused, nothing changed: {exc}", exc.problems)
         return running
@@ -304,9 +324,23 @@ async def _reload(node: Node, running: NodeConfig, load: Callable[[], NodeConfig
     except ConfigurationError as exc:
         _refused(str(exc), exc.problems)
         return running
+    for listener, context in certificates:
+        listener.use_certificates(context)
     count = len(changes)
-    print(f"{_PREFIX} reloaded {source}: {count} change{'' if count == 1 else 's'}", flush=True)
+    said = f"{_PREFIX} reloaded {source}: {count} change{'' if count == 1 else 's'}"
+    if certificates:
+        said += f"; certificates read again for {len(certificates)} TLS listener(s)"
+    print(said, flush=True)
     return new
+
+
+def _mqtt(node: Node) -> list[Any]:
+    """The node's MQTT listeners (none when the plugin is not loaded)."""
+    if node.plugins.get("mqtt") is None:
+        return []
+    from meshbus.plugins.mqtt import listeners_of
+
+    return listeners_of(node)
 
 
 def _refused(why: str, problems: Sequence[str]) -> None:

@@ -383,3 +383,63 @@ def test_sighup_without_a_file_says_there_is_nothing_to_reload(
         assert time.monotonic() < deadline, cmd.stderr_lines
         time.sleep(0.05)
     assert cmd.finish(signal.SIGTERM) == 0
+
+
+async def handshake(url: str, ca: Path) -> bool:
+    """Whether a TLS handshake with the listener at ``url``, trusting only ``ca``, works."""
+    import ssl
+
+    host, _, port = url.partition("://")[2].rpartition(":")
+    context = ssl.create_default_context(cafile=str(ca))
+    try:
+        stream = await anyio.connect_tcp(host, int(port), tls=True, ssl_context=context)
+    except (OSError, ssl.SSLError, anyio.BrokenResourceError):
+        return False
+    await anyio.aclose_forcefully(stream)
+    return True
+
+
+async def test_sighup_reads_rotated_certificates_of_every_tls_listener(
+    command: Start, tmp_path: Path
+) -> None:
+    # Certificates are rotated in place (same paths): the file's text does not change,
+    # yet new handshakes must use the new certificate, on the node's and MQTT listeners.
+    old, new, live = tmp_path / "old", tmp_path / "new", tmp_path / "live"
+    for folder in (old, new):
+        make_ca(folder)
+        make_server_certificate(folder, hosts=["127.0.0.1"])
+    live.mkdir()
+
+    def install(source: Path) -> None:
+        for name in ("server.pem", "server-key.pem"):
+            (live / name).write_bytes((source / name).read_bytes())
+
+    install(old)
+    tls = '[listeners.tls]\ncertificate = "live/server.pem"\nprivate_key = "live/server-key.pem"'
+    write_config(
+        tmp_path,
+        f"[[listeners]]\nport = 0\n{tls}\n[[mqtt.listeners]]\nport = 0\n"
+        + tls.replace("[listeners.tls]", "[mqtt.listeners.tls]"),
+    )
+    cmd = command(["edge.toml"], tmp_path)
+    lines = await anyio.to_thread.run_sync(cmd.wait_for, LISTENING.format(name="meshbus"), 2)
+    urls = [line.removeprefix(LISTENING.format(name="meshbus")) for line in lines]
+    assert [url.partition(":")[0] for url in urls] == ["tls", "mqtts"]
+    assert [await handshake(url, old / "ca.pem") for url in urls] == [True, True]
+
+    install(new)
+    cmd.process.send_signal(signal.SIGHUP)
+    (line,) = await anyio.to_thread.run_sync(cmd.wait_for, "meshbus run: reloaded")
+    assert line == (
+        "meshbus run: reloaded edge.toml: 0 changes; certificates read again for 2 TLS listener(s)"
+    )
+    assert [await handshake(url, new / "ca.pem") for url in urls] == [True, True]
+    assert [await handshake(url, old / "ca.pem") for url in urls] == [False, False]
+
+    (live / "server-key.pem").write_bytes((old / "server-key.pem").read_bytes())  # wrong key
+    cmd.process.send_signal(signal.SIGHUP)
+    with anyio.fail_after(WAIT):
+        while not any("refused" in line for line in cmd.stderr_lines):
+            await anyio.sleep(0.05)
+    assert [await handshake(url, new / "ca.pem") for url in urls] == [True, True]
+    assert await anyio.to_thread.run_sync(cmd.finish, signal.SIGTERM) == 0
