@@ -34,6 +34,8 @@ __all__ = ["Vpn"]
 
 AUTHENTICATION_SCHEMES = ("none", "basic", "client-certificate")
 
+_INTERNAL = "internal"  # the username of the node's own sessions (open_internal_session)
+
 
 class Vpn:
     """A Message VPN. Create with :meth:`meshbus.Node.create_vpn`; ``"default"`` always exists.
@@ -431,6 +433,24 @@ class Vpn:
             self.node.task_group.start_soon(session._pump, name=f"meshbus pump {client_name}")
         self.node.plugins.session_opened(session)
         return session
+
+    def open_internal_session(self, client_name: str) -> Session:
+        """A session for the node's own work in this VPN: a link serving the flows its
+        peer binds, a plugin moving messages from a queue. Nobody logs in, so nothing
+        is authenticated whatever the VPN's ``authentication``, and it has the built-in
+        ``"default"`` client profile and an ACL that allows everything (a configured
+        ``"default"`` username or profile does not apply). Its username is
+        ``"internal"``, for statistics and logs.
+
+        Plugins must not hand such a session to a client: its rights are the node's.
+
+        :raises StateError: the node is not running, the VPN was removed, or the client
+            name is in use.
+        """
+        check_identity("client name", client_name)
+        user = ClientUsername(_INTERNAL)
+        profile, acl = ClientProfile("default"), AclProfile("default")
+        return self._open(user, _INTERNAL, client_name, profile, acl, False, None, False)
 
     def accept_link(
         self,

@@ -758,10 +758,11 @@ class WireLink(Asking, Advertising, GuaranteedFromPeer, Link):
     def _flow_session(self) -> Session:
         """The session that holds the flows the peer binds on this side."""
         if self.session is None:
-            node = self.vpn.node
             # A client name is one topic level: no '/' (a link's name may have some).
+            # The node's own session: this side dialled, so no login of the peer's is
+            # here to judge it, and the VPN's authentication is not for its own links.
             name = "link:" + self.name.replace("/", ":")
-            self.session = node.connect(self.vpn.name, client_name=name)
+            self.session = self.vpn.open_internal_session(name)
         return self.session
 
 

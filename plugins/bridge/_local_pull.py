@@ -27,13 +27,17 @@ async def pull_local(
     """Move the guaranteed messages of ``far``'s VPN's ``queue`` into ``near``'s VPN until
     cancelled (the bridge stops); a flow that cannot be bound is tried again."""
     clock = near.vpn.node.clock
+    # The node's own session, whatever the far VPN's authentication.
+    name = f"pull:{near.name}:{queue}".replace("/", ":")
     while True:
-        session = far.vpn.open_session()
+        session = None
         try:
+            session = far.vpn.open_internal_session(name)
             flow = await session.bind(queue, window=window)
         except MeshbusError as exc:
             near.reason = f"cannot bind a flow to queue {queue!r}: {exc}"
-            session.close()
+            if session is not None:
+                session.close()
             await clock.sleep_until(clock.monotonic() + retry_interval)
             continue
         try:

@@ -589,7 +589,8 @@ class MqttLink(Link):
     async def _pump(self, codec: ClientCodec) -> None:
         """The bridge's queue to the broker at QoS 1, a window at a time."""
         assert self.queue is not None
-        session: Session = self.vpn.open_session()
+        # The node's own session, whatever the VPN's authentication.
+        session: Session = self.vpn.open_internal_session("pump:" + self.name.replace("/", ":"))
         try:
             flow = await session.bind(self.queue, window=self.window)
             self._flow = flow

@@ -433,6 +433,23 @@ def test_usernames_and_profiles_can_be_removed() -> None:
     assert vpn.client_profiles["default"] == ClientProfile("default")
 
 
+async def test_the_node_s_own_sessions_need_no_login(meshbus_node: Node) -> None:
+    vpn = meshbus_node.create_vpn("locked", authentication="basic")
+    vpn.add_acl_profile(AclProfile("default", publish_default="deny", subscribe_default="deny"))
+    vpn.add_user("default", enabled=False)
+    with pytest.raises(AuthenticationError):
+        vpn.open_session(client_name="client")
+    own = vpn.open_internal_session("link:x")
+    assert own.username == "internal"
+    own.subscribe(">")  # the configured 'default' ACL does not apply
+    own.publish("a/b", b"")
+    assert [m.topic for m in drain(own)] == ["a/b"]
+    with pytest.raises(StateError, match="already in use"):
+        vpn.open_internal_session("link:x")
+    with pytest.raises(ConfigurationError):
+        vpn.open_internal_session("bad/name")
+
+
 async def test_connect_before_start_and_after_stop_is_a_state_error() -> None:
     node = Node(name="lifecycle")
     assert not node.running

@@ -308,6 +308,21 @@ async def test_a_same_node_bridge_moves_guaranteed_messages_between_its_vpns(
     assert len(node.vpn("office").links) == 0
 
 
+async def test_a_same_node_bridge_drains_a_queue_of_a_vpn_with_passwords(mesh: Mesh) -> None:
+    # The flow was bound by a session logged in as 'default' without a password: a
+    # VPN with basic authentication refused it, and the error ended the node.
+    node = await mesh.start("solo")
+    office = node.create_vpn("office", authentication="basic")
+    node.guaranteed.create_queue("Q", vpn="office", subscriptions=["g/>"])
+    node.guaranteed.create_queue("L", subscriptions=["g/>"])
+    open_bridge(node.vpn(), BridgeSettings("x", remote_vpn="office", queues=["Q"]))
+    sender = office.open_internal_session("sender")  # stands for a client with a password
+    await sender.send("g/1", b"across")
+    await mesh.clock.settle()
+    assert node.guaranteed.queue("L").usage()[0] == 1
+    assert node.running
+
+
 async def test_a_two_way_exchange_is_counted_exactly(mesh: Mesh) -> None:
     local, far = await start_pair(mesh)
     bridge = open_bridge(

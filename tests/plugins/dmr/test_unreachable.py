@@ -6,7 +6,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from meshbus import LinkState
+from meshbus import ClientProfile, LinkState
+from meshbus._profiles import hash_password
 from meshbus.plugins.dmr import start_dmr
 from meshbus.transports.testing import Mesh
 
@@ -99,3 +100,24 @@ async def test_a_gap_in_advertisements_brings_a_fresh_snapshot(mesh: Mesh) -> No
     assert dmr["n1"].neighbour("n2").snapshots_out == snapshots + 1
     assert neighbour.learned["d"] == {"kept", "after-gap"}
     assert dmr["n1"].neighbour("n2").resyncs_asked == 1
+
+
+async def test_guaranteed_messages_cross_into_a_vpn_with_passwords(mesh: Mesh) -> None:
+    # a2 binds its waiting queue on a1 over the link a1 dialled; a1 served that bind
+    # with a session logged in as 'default' without a password, which a1's VPN, with
+    # basic authentication, refused: nothing guaranteed ever moved.
+    layout = {"A": ["a1", "a2"]}
+    a1, a2 = await mesh.start("a1", cluster="A"), await mesh.start("a2", cluster="A")
+    for node, authentication in ((a1, "basic"), (a2, "none")):
+        vpn = node.create_vpn("secure", authentication=authentication)
+        vpn.add_client_profile(ClientProfile("mesh", allow_bridge_connections=True))
+        vpn.add_user("mesh", password_hash=hash_password("pw"), client_profile="mesh")
+    a2.guaranteed.create_queue("orders", vpn="secure", subscriptions=["g/>"])  # type: ignore[union-attr]
+    for name, node in (("a1", a1), ("a2", a2)):
+        settings = settings_for(mesh, layout, name, vpns=["secure"], username="mesh", password="pw")
+        await start_dmr(node, settings, wait=False)
+    await mesh.clock.run(10)  # a1's link to a2 is up (a2's to a1 waits on a password check)
+    sender = a1.vpn("secure").open_internal_session("sender")  # a client with a password
+    await sender.send("g/1", b"across")
+    await mesh.clock.run(5)
+    assert a2.guaranteed.queue("orders", vpn="secure").usage()[0] == 1  # type: ignore[union-attr]

@@ -246,6 +246,31 @@ async def test_qos1_loses_nothing_over_a_broker_restart(mosquitto: Mosquitto) ->
         assert bridge.statistics().connects == 2
 
 
+async def test_a_bridge_from_a_vpn_with_passwords_sends_its_queue_at_qos1(
+    mosquitto: Mosquitto,
+) -> None:
+    # The bridge's queue was read by a session logged in as 'default' without a
+    # password, which a basic-authentication VPN refuses: nothing went out at QoS 1.
+    async with Node(name="edge") as node:
+        vpn = node.create_vpn("plant", authentication="basic")
+        bridge = open_bridge(
+            vpn,
+            BridgeSettings(
+                "cloud", remotes=[mosquitto.url], topics=[TopicMapping("out/>", mode="PUB")]
+            ),
+        )
+        with anyio.fail_after(10):
+            await bridge.wait_for(LinkState.IN_SYNC)
+        receiver = Paho(mosquitto.port, "receiver", V5)
+        await receiver.connect()
+        await receiver.subscribe(("out/#", 1))
+        vpn.add_user("app", password="secret")
+        publisher = await node.login("plant", username="app", password="secret")
+        await publisher.send("out/1", b"guaranteed")
+        message = await receiver.receive(timeout=10)
+        assert (message.topic, message.payload, message.qos) == ("out/1", b"guaranteed", 1)
+
+
 @pytest.mark.parametrize("how", ["stop", "node stops"])
 async def test_a_stopping_bridge_writes_what_it_took_and_says_goodbye(
     mosquitto: Mosquitto, how: str
