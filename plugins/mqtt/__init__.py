@@ -19,8 +19,8 @@ certificates and ACLs, and publish and subscribe beside native sessions:
   keepalive, session takeover, session expiry;
 * MQTT 5: user properties are headers, response topic and correlation data are
   reply-to and correlation id, message expiry is the TTL, topic aliases from the
-  client, no-local, retain-as-published, retain handling, receive maximum both ways,
-  maximum packet size both ways, reason codes.
+  client, no-local, retain-as-published, retain handling, subscription identifiers,
+  receive maximum both ways, maximum packet size both ways, reason codes.
 
 A packet that breaks the protocol (malformed, truncated, over the packet size
 limit, or anything before CONNECT) closes its connection only.
@@ -31,8 +31,8 @@ HiveMQ, ...) through an :class:`MqttLink`: the HiveMQ bridge's job, with the bri
 topic mappings, hop counting (the ``hmq-bridge-hop-count`` user property on MQTT 5),
 counters, backoff and failover.
 
-Not done: WebSocket listeners, enhanced authentication (AUTH), subscription
-identifiers, topic aliases from the node to the client, and QoS 2 to subscribers.
+Not done: WebSocket listeners, enhanced authentication (AUTH), topic aliases from
+the node to the client, and QoS 2 to subscribers.
 """
 
 from ._bridge_link import (

@@ -145,7 +145,7 @@ class MqttConnection(Subscribing, Delivering):
         self._retained_due: tuple[set[int], anyio.Event] | None = None
         self._written_ids: list[int] = []
         self._next_id = 0
-        self._special = False  # some subscription uses no-local or retain-as-published
+        self._special = False  # see MqttSession.special
         self._direct_busy = False  # the direct deliverer holds messages it has not written
         #: The node's readers' shared write-through (see :meth:`_write_through`).
         self.write_through = write_through_of(self.node)
@@ -277,7 +277,7 @@ class MqttConnection(Subscribing, Delivering):
                 "topic_alias_max": settings.topic_alias_maximum,
                 "max_packet_size": settings.max_packet_size,
                 "max_qos": QoS.EXACTLY_ONCE,  # QoS 2 publishes are taken
-                "subscription_id_available": False,
+                "subscription_id_available": True,
             }
             if expiry != connect.session_expiry_interval:
                 properties["session_expiry_interval"] = expiry
@@ -320,9 +320,7 @@ class MqttConnection(Subscribing, Delivering):
             if not sub.queued:
                 for each in sub.filters:
                     session.subscribe(each)
-        self._special = any(
-            s.no_local or s.retain_as_published for s in state.subscriptions.values()
-        )
+        self._special = state.special
         registry.save(state)
         return present
 

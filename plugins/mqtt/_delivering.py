@@ -90,10 +90,41 @@ class Delivering(Parts):
             for s in self.state.subscriptions.values()
         )
 
-    def _encode(self, message: Message, qos: int, packet_id: int | None, retain: bool) -> bytes:
+    def _identifiers(self, topic: str, queued: bool) -> list[int]:
+        """The identifiers of the subscriptions that bring ``topic`` by this way (the
+        session's direct subscriptions, or its queue's), which its PUBLISH carries."""
+        state = self.state
+        if state is None:
+            return []
+        found = {
+            s.identifier
+            for s in state.subscriptions.values()
+            if s.identifier is not None
+            and s.queued == queued
+            and any(filter_matches(_shared_filter(f), topic) for f in s.filters)
+        }
+        return sorted(found)
+
+    def _encode(
+        self,
+        message: Message,
+        qos: int,
+        packet_id: int | None,
+        retain: bool,
+        *,
+        queued: bool = False,
+        ids: list[int] | None = None,
+    ) -> bytes:
+        """The PUBLISH of ``message``; with a subscription identifier in play, it
+        carries those of the subscriptions that bring it (``ids``, or found for the
+        way it came: the queue's subscriptions if ``queued``, else the session's)."""
         codec = self.codec
         assert codec is not None
         properties = v5_properties(message, self.node.clock.time()) if codec.v5 else None
+        if self._special and codec.v5:
+            ids = self._identifiers(message.topic, queued) if ids is None else ids
+            if ids:
+                properties = {**(properties or {}), "subscription_ids": ids}
         return codec.publish(
             message.topic,
             message.payload,
@@ -245,7 +276,7 @@ class Delivering(Parts):
                 packet_id = state.packet_ids.get(spool_id)  # sent before: the same id
             if packet_id is None or packet_id in self._inflight:
                 packet_id = self._packet_id(spool_id)
-            data = self._encode(message, 1, packet_id, self._retain_flag(message))
+            data = self._encode(message, 1, packet_id, self._retain_flag(message), queued=True)
             limit = self.client_max_packet
             if limit is not None and len(data) > limit:
                 self.listener.too_large += 1
@@ -260,7 +291,7 @@ class Delivering(Parts):
                     self._written_ids.append(spool_id)
             return data
         # a QoS 0 (or non-persistent) message matching a QoS 1 subscription
-        data = self._encode(message, 0, None, self._retain_flag(message))
+        data = self._encode(message, 0, None, self._retain_flag(message), queued=True)
         flow.ack(message)
         return data
 
@@ -281,3 +312,10 @@ class Delivering(Parts):
             self._next_id = self._next_id % 65535 + 1
             if self._next_id not in inflight and self._next_id not in reserved:
                 return self._next_id
+
+
+def _shared_filter(topic_filter: str) -> str:
+    """The filter of a shared subscription (``#share/group/f`` is ``f``), or the filter."""
+    if topic_filter.startswith("#share/"):
+        return topic_filter.split("/", 2)[2]
+    return topic_filter

@@ -55,4 +55,4 @@ class Parts:
     _write: Callable[[bytes], Awaitable[None]]
     _guarded: Callable[..., Coroutine[Any, Any, None]]
     _bind: Callable[[anyio.abc.TaskGroup], Awaitable[None]]
-    _encode: Callable[[Message, int, int | None, bool], bytes]
+    _encode: Callable[..., bytes]  # (message, qos, packet id, retain, *, queued, ids)

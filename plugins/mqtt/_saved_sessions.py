@@ -57,7 +57,7 @@ class SavedSession:
         queue: str | None,
         queue_limit: int | None,
         offline_since: float | None,
-        subscriptions: list[tuple[str, int, tuple[str, ...], bool, bool]],
+        subscriptions: list[tuple[str, int, tuple[str, ...], bool, bool, int | None]],
         packet_ids: dict[int, int] | None = None,
         will: PendingWill | None = None,
     ) -> None:
@@ -67,7 +67,8 @@ class SavedSession:
         self.queue = queue
         self.queue_limit = queue_limit
         self.offline_since = offline_since
-        #: (MQTT filter, QoS, meshbus filters, no-local, retain-as-published)
+        #: (MQTT filter, QoS, meshbus filters, no-local, retain-as-published,
+        #: subscription identifier)
         self.subscriptions = subscriptions
         #: The packet id each queued message was last sent with (by spool id).
         self.packet_ids = packet_ids or {}
@@ -90,8 +91,9 @@ class SavedSession:
                     "filters": list(filters),
                     "no_local": no_local,
                     "retain_as_published": rap,
+                    "identifier": identifier,
                 }
-                for mqtt_filter, qos, filters, no_local, rap in self.subscriptions
+                for mqtt_filter, qos, filters, no_local, rap, identifier in self.subscriptions
             ],
             "packet_ids": [[spool_id, pid] for spool_id, pid in self.packet_ids.items()],
             "will": None if self.will is None else self.will.to_json(),
@@ -134,6 +136,7 @@ class SavedSession:
                 or qos not in (0, 1)
                 or not isinstance(sub.get("no_local"), bool)
                 or not isinstance(sub.get("retain_as_published"), bool)
+                or not _identifier(sub.get("identifier"))
             ):
                 raise ValueError(f"bad subscription {sub!r}")
             subscriptions.append(
@@ -143,6 +146,7 @@ class SavedSession:
                     tuple(filters),
                     sub["no_local"],
                     sub["retain_as_published"],
+                    sub.get("identifier"),  # absent in files from before identifiers
                 )
             )
         pairs = raw.get("packet_ids", [])
@@ -158,7 +162,7 @@ class SavedSession:
         packet_ids = {spool_id: pid for spool_id, pid in pairs}
         if len(set(packet_ids.values())) != len(packet_ids):
             raise ValueError("a packet id given twice")
-        queued = any(q and not f[0].startswith("#share/") for _, q, f, _, _ in subscriptions)
+        queued = any(q and not f[0].startswith("#share/") for _, q, f, *_ in subscriptions)
         if queue is None and queued:
             raise ValueError("QoS 1 subscriptions but no queue")
         raw_will = raw.get("will")
@@ -222,3 +226,10 @@ class SessionFiles:
                 continue
             found.append(saved)
         return found
+
+
+def _identifier(value: object) -> bool:
+    """Whether ``value`` is a subscription identifier (1 to 268,435,455) or ``None``."""
+    if value is None:
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 28

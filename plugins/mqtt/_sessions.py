@@ -50,6 +50,9 @@ class Subscribed:
     """MQTT 5: never send the client what it published itself."""
     retain_as_published: bool = False
     """MQTT 5: keep the retain flag of live messages as published."""
+    identifier: int | None = None
+    """MQTT 5: the subscription identifier the client gave, sent back with each message
+    it matches."""
 
     @property
     def queued(self) -> bool:
@@ -89,6 +92,15 @@ class MqttSession:
         #: DISCONNECT; once the connection is lost, it waits here for its delay.
         self.will: PendingWill | None = None
 
+    @property
+    def special(self) -> bool:
+        """Whether a subscription needs each message looked at as it is delivered
+        (no-local, retain-as-published, a subscription identifier)."""
+        return any(
+            s.no_local or s.retain_as_published or s.identifier is not None
+            for s in self.subscriptions.values()
+        )
+
     def keep_id(self, spool_id: int, packet_id: int) -> None:
         """``spool_id`` went out as ``packet_id``: until it is acknowledged, it keeps it."""
         old = self.packet_ids.get(spool_id)
@@ -106,7 +118,7 @@ class MqttSession:
     def saved(self) -> SavedSession:
         """What its file keeps."""
         subscriptions = [
-            (s.mqtt_filter, s.qos, s.filters, s.no_local, s.retain_as_published)
+            (s.mqtt_filter, s.qos, s.filters, s.no_local, s.retain_as_published, s.identifier)
             for s in self.subscriptions.values()
         ]
         return SavedSession(
@@ -172,8 +184,8 @@ class SessionRegistry:
             session.queue_limit = saved.queue_limit
             session.offline_since = now if saved.offline_since is None else saved.offline_since
             session.will = saved.will
-            for mqtt_filter, qos, filters, no_local, rap in saved.subscriptions:
-                sub = Subscribed(mqtt_filter, qos, filters, no_local, rap)
+            for mqtt_filter, qos, filters, no_local, rap, identifier in saved.subscriptions:
+                sub = Subscribed(mqtt_filter, qos, filters, no_local, rap, identifier)
                 session.subscriptions[mqtt_filter] = sub
             for spool_id, packet_id in saved.packet_ids.items():
                 session.keep_id(spool_id, packet_id)

@@ -59,6 +59,7 @@ class Subscribing(Parts):
         assert session is not None
         codes: list[int] = []
         fresh: list[tuple[Subscribed, bool]] = []
+        identifier = getattr(packet, "subscription_id", None) if codec.v5 else None
         for wanted in packet.topic_filters:
             try:
                 sub = Subscribed(
@@ -67,6 +68,7 @@ class Subscribing(Parts):
                     from_mqtt_filter(wanted.pattern),
                     bool(wanted.no_local),
                     bool(wanted.retain_as_published) and codec.v5,
+                    identifier,
                 )
                 if sub.no_local and sub.filters[0].startswith("#share/"):
                     raise Closed("no-local on a shared subscription", PROTOCOL_ERROR)
@@ -94,9 +96,7 @@ class Subscribing(Parts):
             handling = int(wanted.retain_handling) if codec.v5 else 0
             if handling == 0 or (handling == 1 and not existed):
                 fresh.append((sub, True))
-        self._special = any(
-            s.no_local or s.retain_as_published for s in state.subscriptions.values()
-        )
+        self._special = state.special
         self.listener.registry.save(state)
         await self._write(codec.suback(packet.packet_id, codes))
         for sub, _ in fresh:
@@ -196,7 +196,7 @@ class Subscribing(Parts):
                     continue
                 except PublishRejectedError as exc:  # its queue is full: at QoS 0 then
                     log.info("MQTT %s: a retained value goes at QoS 0: %s", self.client_id, exc)
-            await self._write(self._encode(message, 0, None, True))
+            await self._write(self._encode(message, 0, None, True, ids=_ids(sub)))
         if queued:
             await self._until_written(queued)
 
@@ -224,3 +224,8 @@ class Subscribing(Parts):
                 await done.wait()
         finally:
             self._retained_due = None
+
+
+def _ids(sub: Subscribed) -> list[int] | None:
+    """What a retained value sent for ``sub`` carries: its identifier alone."""
+    return None if sub.identifier is None else [sub.identifier]

@@ -107,9 +107,11 @@ class Paho:
         await anyio.to_thread.run_sync(connect)
         return self.connack[1]
 
-    async def subscribe(self, *topics: tuple[str, Any]) -> list[Any]:
+    async def subscribe(
+        self, *topics: tuple[str, Any], properties: Properties | None = None
+    ) -> list[Any]:
         """Subscribe and wait for the SUBACK; its codes."""
-        self.client.subscribe(list(topics))
+        self.client.subscribe(list(topics), properties=properties)
         return await anyio.to_thread.run_sync(lambda: self.subacks.get(timeout=WAIT))
 
     async def unsubscribe(self, *topics: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -345,3 +346,53 @@ async def test_a_connection_taken_over_publishes_its_will(listener: MqttListener
     await second.connect()
     will = await watcher.receive()
     assert (will.topic, will.payload) == ("status/device", b"replaced")
+
+
+def identified(number: int) -> Properties:
+    """SUBSCRIBE properties with subscription identifier ``number``."""
+    properties = Properties(PacketTypes.SUBSCRIBE)
+    properties.SubscriptionIdentifier = number
+    return properties
+
+
+def identifiers(message: Any) -> list[int]:
+    return list(getattr(message.properties, "SubscriptionIdentifier", []))
+
+
+async def test_subscription_identifiers_come_back_with_what_each_subscription_brings(
+    node: Node, listener: MqttListener
+) -> None:
+    pub = Paho(listener.port, "pub", V5)
+    await pub.connect()
+    await pub.publish("r/1", b"kept", qos=0, retain=True)
+    client = Paho(listener.port, "ids", V5)
+    await client.connect()
+    # Absent means available (MQTT 5, 3.2.2.3.12); before, it said 0.
+    assert getattr(client.connack[2], "SubscriptionIdentifierAvailable", 1) == 1
+    await client.subscribe(("r/1", 0), properties=identified(22))
+    kept = await client.receive()  # the retained value, for this subscription only
+    await client.subscribe(("r/#", 0), properties=identified(21))
+    again = await client.receive()
+    assert [(m.payload, identifiers(m)) for m in (kept, again)] == [
+        (b"kept", [22]),
+        (b"kept", [21]),
+    ]
+    await client.subscribe(("ids/#", 0), properties=identified(5))
+    await client.subscribe(("ids/a", 0), properties=identified(9))
+    await client.subscribe(("$share/g/shared/#", 0), properties=identified(7))
+    await client.subscribe(("q/#", 1), properties=identified(11))
+    await client.subscribe(("plain/#", 0))
+    for topic, qos in (("ids/a", 0), ("ids/b", 0), ("shared/x", 0), ("q/1", 1), ("plain/1", 0)):
+        await pub.publish(topic, b"", qos=qos)
+    got = await client.receive_many(5)
+    assert sorted((m.topic, m.qos, identifiers(m)) for m in got) == [
+        ("ids/a", 0, [5, 9]),
+        ("ids/b", 0, [5]),
+        ("plain/1", 0, []),
+        ("q/1", 1, [11]),
+        ("shared/x", 0, [7]),
+    ]
+    # Subscribed again without one, a subscription has none from then on.
+    await client.subscribe(("ids/a", 0))
+    await pub.publish("ids/a", b"", qos=0)
+    assert identifiers(await client.receive()) == [5]

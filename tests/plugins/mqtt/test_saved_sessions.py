@@ -9,6 +9,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from meshbus import Node
 from meshbus.plugins.mqtt import MqttListener, MqttListenerSettings, start_mqtt_listener
@@ -176,6 +178,7 @@ GOOD = {
             "filters": ["t", "t/>"],
             "no_local": False,
             "retain_as_published": True,
+            "identifier": 4,
         }
     ],
     "packet_ids": [[7, 1]],
@@ -186,7 +189,7 @@ GOOD = {
 def test_a_session_file_reads_back_what_was_written() -> None:
     saved = SavedSession.from_json(orjson.dumps(GOOD))
     assert saved.to_json() == GOOD
-    assert saved.subscriptions == [("t/#", 1, ("t", "t/>"), False, True)]
+    assert saved.subscriptions == [("t/#", 1, ("t", "t/>"), False, True, 4)]
     assert saved.packet_ids == {7: 1}
     assert saved.will is not None
     assert (saved.will.payload, saved.will.delay, saved.will.username) == (
@@ -197,6 +200,11 @@ def test_a_session_file_reads_back_what_was_written() -> None:
     # A file from before wills were kept reads as one without a will.
     older = SavedSession.from_json(orjson.dumps({k: v for k, v in GOOD.items() if k != "will"}))
     assert older.will is None
+    # ... and one from before subscription identifiers as subscriptions without one.
+    (sub,) = GOOD["subscriptions"]  # type: ignore[misc]
+    plain = {k: v for k, v in sub.items() if k != "identifier"}
+    oldest = SavedSession.from_json(orjson.dumps({**GOOD, "subscriptions": [plain]}))
+    assert oldest.subscriptions == [("t/#", 1, ("t", "t/>"), False, True, None)]
 
 
 @pytest.mark.parametrize(
@@ -212,6 +220,7 @@ def test_a_session_file_reads_back_what_was_written() -> None:
         ({"offline_since": "yesterday"}, "bad offline_since"),
         ({"subscriptions": {}}, "not a list"),
         ({"subscriptions": [{"filter": "t", "qos": 2, "filters": ["t"]}]}, "bad subscription"),
+        ({"subscriptions": [{**GOOD["subscriptions"][0], "identifier": 0}]}, "bad subscription"),  # type: ignore[index]
         ({"packet_ids": [[7, 0]]}, "bad packet_ids"),
         ({"packet_ids": [[7, 1], [8, 1]]}, "twice"),
         ({"will": []}, "bad will"),
@@ -257,3 +266,24 @@ async def test_sessions_of_a_removed_vpn_end_with_it_and_an_unknown_vpn_s_are_sk
     async with Node(name="edge", data_dir=tmp_path) as node:  # no VPN "site"
         assert not node.stash[REGISTRY].sessions
     assert "no VPN named 'site'" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_subscription_identifiers_outlive_a_node_restart(tmp_path: Path) -> None:
+    properties = Properties(PacketTypes.SUBSCRIBE)
+    properties.SubscriptionIdentifier = 11
+    async with edge(tmp_path) as listener:
+        device = Paho(listener.port, "sleepy", V5)
+        await device.connect(clean_start=False, session_expiry=3600)
+        await device.subscribe(("orders/#", 1), properties=properties)
+        await device.disconnect()
+    async with edge(tmp_path) as listener:
+        shop = Paho(listener.port, "shop", V5)
+        await shop.connect()
+        await shop.publish("orders/1", b"1", qos=1)
+        again = Paho(listener.port, "sleepy", V5)
+        await again.connect(clean_start=False, session_expiry=3600)
+        message = await again.receive()
+        assert message.properties.SubscriptionIdentifier == [11]
+        await shop.disconnect()
+        await again.disconnect()
