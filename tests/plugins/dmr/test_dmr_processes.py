@@ -296,3 +296,73 @@ async def test_a_node_joins_the_running_cluster_on_sighup(cluster: Cluster) -> N
     assert message.payload == b"hello"
     lines = [c.stdout_lines[-1] for n, c in cluster.children.items() if n != "n4"]
     assert lines == [f"meshbus run: reloaded {n}.toml: 1 change" for n in ("n1", "n2", "n3")]
+
+
+PASSWORDS = """
+[node]
+name = "{name}"
+cluster = "c1"
+data_dir = "data-{name}"
+
+[[listeners]]
+port = {port}
+
+[vpns.default]
+authentication = "basic"
+[vpns.default.client_profiles.mesh]
+allow_bridge_connections = true
+[vpns.default.users.mesh]
+password = "mesh-secret"
+client_profile = "mesh"
+[vpns.default.users.app]
+password = "app-secret"
+{queues}
+
+[dmr]
+peers = {{ {peer} = "tcp://127.0.0.1:{peer_port}" }}
+username = "mesh"
+password = "mesh-secret"
+backoff = {{ initial = 0.2, maximum = 1.0 }}
+"""
+
+
+async def test_guaranteed_messages_cross_a_cluster_whose_vpn_checks_passwords(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    # Each node binds its waiting queue on the other over the connection the other
+    # dialled; that side served the bind with a session that logged in as 'default'
+    # without a password, which the VPN refused: nothing guaranteed ever crossed.
+    ports = {"p1": free_port(), "p2": free_port()}
+    children = []
+    try:
+        for name, peer in (("p1", "p2"), ("p2", "p1")):
+            text = PASSWORDS.format(
+                name=name,
+                port=ports[name],
+                peer=peer,
+                peer_port=ports[peer],
+                queues='[vpns.default.queues.orders]\nsubscriptions = ["g/>"]'
+                if name == "p2"
+                else "",
+            )
+            (tmp_path / f"{name}.toml").write_text(text, encoding="utf-8")
+            args = [sys.executable, "-m", "meshbus", "run", f"{name}.toml", "--loop", anyio_backend]
+            children.append(Child(args, tmp_path))
+        for child in children:
+            await anyio.to_thread.run_sync(child.wait_for, "meshbus run: node ")
+        login = {"username": "app", "password": "app-secret", "reconnect": False}
+        url = "tcp://127.0.0.1:{}".format
+        async with (
+            connect(url(ports["p1"]), client_name="shop", **login) as shop,  # type: ignore[arg-type]
+            connect(url(ports["p2"]), client_name="clerk", **login) as clerk,  # type: ignore[arg-type]
+        ):
+            await until(shop, lambda f: "g" in f["neighbours"]["p2"]["interest"])
+            await shop.send("g/1", b"across")
+            flow = await clerk.bind("orders")
+            with anyio.fail_after(WAIT):
+                message = await flow.receive()
+            flow.ack(message)
+        assert message.payload == b"across"
+    finally:
+        for child in children:
+            child.close()
