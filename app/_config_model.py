@@ -50,6 +50,22 @@ class UserConfig:
     enabled: bool = True
     """Disabled usernames cannot log in."""
 
+    def add_to(self, vpn: Any, **credentials: str | None) -> None:
+        """Add this username to ``vpn`` (or replace the one of that name), with
+        ``password=`` (hashed on the calling thread) or ``password_hash=``.
+
+        :raises ConfigurationError: a profile it names is not in ``vpn``.
+        """
+        vpn.add_user(
+            self.name,
+            client_profile=self.client_profile,
+            acl_profile=self.acl_profile,
+            subscription_manager=self.subscription_manager,
+            management=self.management,
+            enabled=self.enabled,
+            **credentials,
+        )
+
 
 @attrs.frozen
 class VpnConfig:
@@ -154,15 +170,7 @@ class NodeConfig:
                 vpn.add_acl_profile(acl_profile)
             for user in config.users:
                 try:
-                    vpn.add_user(
-                        user.name,
-                        password=user.password,
-                        client_profile=user.client_profile,
-                        acl_profile=user.acl_profile,
-                        subscription_manager=user.subscription_manager,
-                        management=user.management,
-                        enabled=user.enabled,
-                    )
+                    user.add_to(vpn, password=user.password)
                 except ConfigurationError as exc:
                     problems.append(f"{where}.{_join('users', user.name)}: {exc}")
             problems += self._apply(config.sections, vpn, _join("vpns", config.name))

@@ -208,15 +208,7 @@ class _AccessChange:
         for acl in self.acl_profiles[0]:
             vpn.add_acl_profile(acl)
         for user in put_users:
-            vpn.add_user(
-                user.name,
-                password_hash=hashes.get(user.name),
-                client_profile=user.client_profile,
-                acl_profile=user.acl_profile,
-                subscription_manager=user.subscription_manager,
-                management=user.management,
-                enabled=user.enabled,
-            )
+            user.add_to(vpn, password_hash=hashes.get(user.name))
         for name in gone_users:
             vpn.remove_user(name)
         for name in self.client_profiles[1]:
