@@ -334,10 +334,16 @@ class Bridge:
             await pull_local(self.link, self._far, queue, self.settings.window)
 
     def stop(self, reason: str = "stopped") -> None:
-        """Close the bridge for good."""
+        """Close the bridge for good. A connection the other bridge of its pair opened
+        and this one rides is closed too: it carries this bridge's subscriptions and
+        stages, and the other node dials again for a connection of its own (or for the
+        bridge that replaces this one to ride)."""
         self._stopped = True
         for scope in self._pulls:
             scope.cancel()
+        carrier, self.carrier = self.carrier, None
+        if carrier is not None:
+            carrier.stop(f"bridge {self.settings.name!r} that rode it stopped: {reason}")
         link = self.link
         if isinstance(link, (WireLink, LocalLink)) or hasattr(link, "stop"):
             link.stop(reason)

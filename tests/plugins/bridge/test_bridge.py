@@ -613,6 +613,26 @@ async def test_the_two_bridges_of_a_pair_share_one_connection(mesh: Mesh) -> Non
     assert [m.payload for m in drain(readers["b"])] == [b"3"]
 
 
+async def test_a_bridge_that_rode_its_pair_s_connection_takes_its_wants_when_it_stops(
+    mesh: Mesh,
+) -> None:
+    # b's bridge rode the connection a opened; stopping it left its subscriptions on
+    # that connection, so a went on sending b everything, bridge or no bridge.
+    a, b = await mesh.start("a"), await mesh.start("b")
+    on_a = open_bridge(a.vpn(), pair_settings(mesh, "a", "b"))
+    on_b = open_bridge(b.vpn(), pair_settings(mesh, "b", "a"))
+    await mesh.clock.wait_for(lambda: on_b.state is LinkState.REUSING, within=30)
+    on_b.stop()
+    await mesh.clock.wait_for(lambda: on_a.state is LinkState.IN_SYNC, within=60)
+    await mesh.clock.settle()
+    readers = {node.name: reader(node) for node in (a, b)}
+    a.connect().publish("from/a", b"1")
+    b.connect().publish("from/b", b"2")
+    await mesh.clock.settle()
+    got = {name: sorted(m.payload for m in drain(r)) for name, r in readers.items()}
+    assert got == {"a": [b"1", b"2"], "b": [b"2"]}  # a's bridge still brings b's
+
+
 async def test_a_pair_whose_tls_settings_differ_keeps_two_connections(mesh: Mesh) -> None:
     a, b = await mesh.start("a"), await mesh.start("b")
     on_a = open_bridge(a.vpn(), pair_settings(mesh, "a", "b"))

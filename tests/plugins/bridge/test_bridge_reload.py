@@ -17,7 +17,8 @@ import pytest
 from meshbus import ConfigurationError, LinkState, Message, Node
 from meshbus.app._config import NodeConfig, parse_config
 from meshbus.app._config_reload import reload_node
-from meshbus.plugins.bridge import bridges
+from meshbus.plugins.bridge import BridgeSettings, bridges, open_bridge
+from meshbus.plugins.bridge._reload import reload_bridges
 from meshbus.transports.testing import Mesh
 
 pytestmark = pytest.mark.anyio
@@ -130,3 +131,39 @@ async def test_a_bridge_a_reload_cannot_open_refuses_the_reload(mesh: Mesh, tmp_
         "without remotes joins two VPNs of this node)"
     ]
     assert [b.settings.name for b in bridges(local.vpn())] == ["to-remote"]
+
+
+@pytest.mark.parametrize("reopened", ["a", "b", "both"])
+async def test_a_pair_reopened_by_a_reload_shares_one_connection_again(
+    mesh: Mesh, reopened: str
+) -> None:
+    # b (the larger node id) rides the connection a opened. Reopened, b's bridge used
+    # to dial a second connection and never rode the first again.
+    a, b = await mesh.start("a"), await mesh.start("b")
+    settings = {
+        name: BridgeSettings(
+            "pair",
+            remotes=[mesh.network.connectable(other, source=name)],
+            subscriptions=[">"],
+        )
+        for name, other in (("a", "b"), ("b", "a"))
+    }
+    nodes = {"a": a, "b": b}
+    for name, node in nodes.items():
+        open_bridge(node.vpn(), settings[name])
+    await mesh.clock.wait_for(lambda: mesh.network.connections("a", "b") == 1, within=30)
+    for name, node in nodes.items():
+        if reopened in (name, "both"):
+            new = attrs.evolve(settings[name], hop_count_limit=2)
+            await reload_bridges(node.vpn(), [settings[name]], [new])()
+    await mesh.clock.run(60)
+    assert mesh.network.connections("a", "b") == 1
+    readers = {}
+    for name, node in nodes.items():
+        readers[name] = node.vpn().open_session(client_name=f"reader-{name}")
+        readers[name].subscribe(">")
+    a.connect().publish("from/a", b"1")
+    b.connect().publish("from/b", b"2")
+    await mesh.clock.settle()
+    got = {name: sorted(m.payload for m in drain(r)) for name, r in readers.items()}
+    assert got == {"a": [b"1", b"2"], "b": [b"1", b"2"]}
