@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from meshbus import ConfigSection, ConfigurationError, Node, Vpn
+from meshbus import ConfigSection, ConfigurationError, MeshbusError, Node, Vpn
 from meshbus._profiles import hash_password
 
 from ._config_model import NodeConfig, VpnConfig, _placed
@@ -63,6 +63,8 @@ async def reload_node(node: Node, running: NodeConfig, new: NodeConfig) -> list[
         empty when nothing differs.
     :raises ConfigurationError: the change needs a restart or was refused; its
         ``problems`` list every reason (``"FILE: key: why"``), and nothing was changed.
+        Or, rarely, a step the checks passed failed as it was applied: the message
+        says how many steps were applied before it.
     """
     source = new.source
     problems: list[str] = []
@@ -106,8 +108,14 @@ async def reload_node(node: Node, running: NodeConfig, new: NodeConfig) -> list[
             f"{count} problem{'' if count == 1 else 's'}",
             problems,
         )
-    for step in steps:
-        await step()
+    for done, step in enumerate(steps):
+        try:
+            await step()
+        except MeshbusError as exc:  # what the checks could not foresee
+            raise ConfigurationError(
+                f"reload of {source} stopped part way: {done} of {len(steps)} steps applied",
+                [f"{source}: {exc}"],
+            ) from exc
     for change in changes:
         log.info("reloaded %s: %s", source, change)
     return changes
