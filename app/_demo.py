@@ -397,6 +397,7 @@ async def bridge_demo() -> None:
 
     async with Node(name="site", node_id="site-7") as site:
         office = site.create_vpn("office")
+        office.add_client_profile(ClientProfile("default", allow_bridge_connections=True))
         bridge = open_bridge(
             site.vpn(),
             BridgeSettings(

@@ -413,7 +413,7 @@ async def stage_run(messages: int, on: bool, wire: bool) -> float:
             )
             bridge = open_bridge(far.vpn(), settings)
         else:
-            near.create_vpn("far")
+            allow_bridges(near.create_vpn("far"))
             reader = near.connect("far", on_message=on_message)
             pub = [TopicMapping("bench/>", mode="PUB")]
             bridge = open_bridge(

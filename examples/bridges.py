@@ -11,7 +11,7 @@ from __future__ import annotations
 import anyio
 import attrs
 
-from meshbus import LinkState, Node
+from meshbus import ClientProfile, LinkState, Node
 from meshbus.plugins.bridge import BridgeSettings, TopicMapping, open_bridge
 from meshbus.transports import ListenerSettings, start_server
 
@@ -30,6 +30,9 @@ async def main() -> None:
     ):
         # 1. Two VPNs of one node: office gets the plant's alarms, renamed on the way.
         office = plant.create_vpn("office")
+        # The bridge logs in to the office VPN as its 'default' username, whose client
+        # profile must let bridges in, as a remote VPN's must (SPEC 7).
+        office.add_client_profile(ClientProfile("default", allow_bridge_connections=True))
         to_office = open_bridge(
             plant.vpn(),
             BridgeSettings(

@@ -21,6 +21,7 @@ from ._bridge import (
     bridges,
     open_bridge,
     partner_of,
+    same_node_refusal,
     totals,
 )
 from ._mapping import (
@@ -48,5 +49,6 @@ __all__ = [
     "directions",
     "open_bridge",
     "partner_of",
+    "same_node_refusal",
     "totals",
 ]

@@ -489,12 +489,10 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
             wire.pull(queue, window=settings.window)
         link = wire
     else:
-        far_vpn = vpn.node.vpns.get(settings.remote_vpn)
-        if far_vpn is None or far_vpn is vpn:
-            raise ConfigurationError(
-                f"bridge {settings.name!r}: the node has no other VPN {settings.remote_vpn!r} "
-                "(a bridge without remotes joins two VPNs of this node)"
-            )
+        why = same_node_refusal(vpn, settings)
+        if why:
+            raise ConfigurationError(f"bridge {settings.name!r}: {why}")
+        far_vpn = vpn.node.vpn(settings.remote_vpn)
         link, far = LocalLink.pair(
             vpn, far_vpn, name, far_name=f"bridge/{vpn.name}/{settings.name}", dedup=settings.dedup
         )
@@ -514,6 +512,35 @@ def open_bridge(vpn: Vpn, settings: BridgeSettings) -> Bridge:
         for queue in settings.queues:
             vpn.node.task_group.start_soon(bridge._pull_local, queue)
     return bridge
+
+
+def same_node_refusal(vpn: Vpn, settings: BridgeSettings) -> str:
+    """Why a bridge without remotes cannot join ``vpn`` to the other VPN its settings
+    name (``""``: it can). It logs in there as ``username`` (``"default"`` unless
+    set), as a remote bridge would, though without a password (both VPNs are this
+    node's): the username must be enabled and its client profile must allow bridge
+    connections (SPEC 7)."""
+    far = vpn.node.vpns.get(settings.remote_vpn)
+    if far is None or far is vpn:
+        return (
+            f"the node has no other VPN {settings.remote_vpn!r} (a bridge without remotes "
+            "joins two VPNs of this node)"
+        )
+    name = settings.username or "default"
+    user = far.users.get(name)
+    if user is None and far.authentication == "none":
+        user = far.users["default"]  # as a login with an unknown username there
+    if user is None:
+        return f"VPN {far.name!r} has no username {name!r} for the bridge to log in as"
+    if not user.enabled:
+        return f"username {name!r} of VPN {far.name!r} is disabled"
+    profile = far.client_profiles.get(user.client_profile)
+    if profile is None or not profile.allow_bridge_connections:
+        return (
+            f"VPN {far.name!r} refuses bridges: the client profile {user.client_profile!r} "
+            f"of username {user.name!r} does not allow bridge connections"
+        )
+    return ""
 
 
 def _to_mqtt(remotes: tuple[Any, ...]) -> bool:

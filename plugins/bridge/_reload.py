@@ -18,7 +18,7 @@ import attrs
 
 from meshbus import ConfigurationError, Vpn
 
-from ._bridge import BRIDGE, Bridge, BridgeSettings, open_bridge
+from ._bridge import BRIDGE, Bridge, BridgeSettings, open_bridge, same_node_refusal
 from ._mapping import directions
 
 __all__ = ["reload_bridges"]
@@ -84,12 +84,9 @@ def _cannot_open(vpn: Vpn, settings: BridgeSettings, running: Bridge | None) -> 
     if running is None and vpn.links.get(name) is not None:
         return f"the VPN has another link called {name!r}"
     if not settings.remotes:
-        far = vpn.node.vpns.get(settings.remote_vpn)
-        if far is None or far is vpn:
-            return (
-                f"the node has no other VPN {settings.remote_vpn!r} (a bridge without "
-                "remotes joins two VPNs of this node)"
-            )
+        why = same_node_refusal(vpn, settings)
+        if why:
+            return why
     try:
         directions(
             settings.topics,

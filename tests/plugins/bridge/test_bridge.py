@@ -14,9 +14,15 @@ from meshbus.plugins.bridge import BridgeSettings, TopicMapping, bridges, open_b
 from meshbus.plugins.hopcount import HopCountSettings
 from meshbus.transports import Remote, TlsSettings, connect
 from meshbus.transports._compression import ALGORITHMS
-from meshbus.transports.testing import Mesh
+from meshbus.transports.testing import Mesh, allow_bridges
 
 pytestmark = pytest.mark.anyio
+
+
+def bridgeable(vpn):  # type: ignore[no-untyped-def]
+    """``vpn``, whose default client profile lets bridges log in (SPEC 7)."""
+    allow_bridges(vpn)
+    return vpn
 
 
 def reader(node: Node, vpn: str = "default", topic_filter: str = ">"):  # type: ignore[no-untyped-def]
@@ -134,7 +140,7 @@ async def test_topics_are_mapped_both_ways(mesh: Mesh) -> None:
 
 async def test_two_vpns_of_one_node_are_bridged_in_process() -> None:
     async with Node(node_id="n1") as node:
-        office = node.create_vpn("office")
+        office = bridgeable(node.create_vpn("office"))
         bridge = open_bridge(
             node.vpn(),
             BridgeSettings(
@@ -204,6 +210,33 @@ async def test_a_bad_bridge_is_refused_with_every_problem(mesh: Mesh) -> None:
         open_bridge(local.vpn(), BridgeSettings("x", remote_vpn="nowhere"))
     with pytest.raises(ValueError, match="without '/'"):
         BridgeSettings("a/b")
+
+
+async def test_a_same_node_bridge_logs_in_as_a_bridge_on_the_other_vpn() -> None:
+    # Before, a bridge between two VPNs of a node logged in nowhere: the other VPN's
+    # client profile was never asked whether it allows bridge connections.
+    async with Node() as node:
+        office = node.create_vpn("office")
+        with pytest.raises(ConfigurationError) as caught:
+            open_bridge(node.vpn(), BridgeSettings("x", remote_vpn="office"))
+        assert str(caught.value) == (
+            "bridge 'x': VPN 'office' refuses bridges: the client profile 'default' of "
+            "username 'default' does not allow bridge connections"
+        )
+        locked = node.create_vpn("locked", authentication="basic")
+        with pytest.raises(ConfigurationError, match="no username 'bridger'"):
+            open_bridge(node.vpn(), BridgeSettings("y", remote_vpn="locked", username="bridger"))
+        office.add_client_profile(ClientProfile("bridges", allow_bridge_connections=True))
+        office.add_user("bridger", client_profile="bridges", enabled=False)
+        with pytest.raises(ConfigurationError, match="'bridger' of VPN 'office' is disabled"):
+            open_bridge(node.vpn(), BridgeSettings("z", remote_vpn="office", username="bridger"))
+        office.add_user("bridger", client_profile="bridges")
+        bridge = open_bridge(
+            node.vpn(), BridgeSettings("z", remote_vpn="office", username="bridger")
+        )
+        assert bridge.state is LinkState.IN_SYNC
+        assert len(node.vpn().links) == 1  # nothing half-started
+        assert len(locked.links) == 0
 
 
 async def test_the_plugin_must_be_loaded() -> None:
@@ -282,7 +315,7 @@ async def test_a_same_node_bridge_moves_guaranteed_messages_between_its_vpns(
     mesh: Mesh,
 ) -> None:
     node = await mesh.start("solo")
-    node.create_vpn("office")
+    bridgeable(node.create_vpn("office"))
     node.guaranteed.create_queue("Q", vpn="office", subscriptions=["g/>"])
     node.guaranteed.create_queue("L", subscriptions=["g/>"], max_messages=50)
     bridge = open_bridge(
@@ -312,7 +345,7 @@ async def test_a_same_node_bridge_drains_a_queue_of_a_vpn_with_passwords(mesh: M
     # The flow was bound by a session logged in as 'default' without a password: a
     # VPN with basic authentication refused it, and the error ended the node.
     node = await mesh.start("solo")
-    office = node.create_vpn("office", authentication="basic")
+    office = bridgeable(node.create_vpn("office", authentication="basic"))
     node.guaranteed.create_queue("Q", vpn="office", subscriptions=["g/>"])
     node.guaranteed.create_queue("L", subscriptions=["g/>"])
     open_bridge(node.vpn(), BridgeSettings("x", remote_vpn="office", queues=["Q"]))
@@ -363,7 +396,7 @@ async def test_a_two_way_exchange_is_counted_exactly(mesh: Mesh) -> None:
 
 async def test_a_same_node_bridge_counts_both_directions() -> None:
     async with Node() as node:
-        office = node.create_vpn("office")
+        office = bridgeable(node.create_vpn("office"))
         bridge = open_bridge(
             node.vpn(),
             BridgeSettings(
@@ -730,7 +763,7 @@ async def test_each_remote_may_have_its_own_window(mesh: Mesh) -> None:
 
 async def test_a_same_node_bridge_drains_several_queues_and_stops(mesh: Mesh) -> None:
     node = await mesh.start("solo")
-    node.create_vpn("office")
+    bridgeable(node.create_vpn("office"))
     for queue in ("Q1", "Q2"):
         node.guaranteed.create_queue(queue, vpn="office", subscriptions=[f"{queue}/>"])
     node.guaranteed.create_queue("L", subscriptions=[">"])

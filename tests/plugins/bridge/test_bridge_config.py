@@ -15,6 +15,8 @@ pytestmark = pytest.mark.anyio
 GOOD = """
 [vpns.default]
 [vpns.office]
+[vpns.office.client_profiles.default]
+allow_bridge_connections = true
 
 [[vpns.default.bridges]]
 name = "to-office"
@@ -223,3 +225,21 @@ async def test_a_bridge_passes_its_drain_timeout_to_its_link() -> None:
         assert (wire.link.drain_timeout, mqtt.link.drain_timeout) == (30.0, 40.0)
         wire.stop()
         mqtt.stop()
+
+
+async def test_a_same_node_bridge_to_a_vpn_that_refuses_bridges_stops_the_start(
+    tmp_path: Path,
+) -> None:
+    text = GOOD.replace("allow_bridge_connections = true", "allow_bridge_connections = false")
+    config = load(tmp_path, text)
+    node = config.build_node()
+    async with node:
+        with pytest.raises(ConfigurationError) as caught:
+            await config.provision(node)
+        assert len(node.vpn().links) == 0
+    (problem,) = caught.value.problems
+    assert problem == (
+        f"{tmp_path / 'edge.toml'}: vpns.default.bridges.to-office: bridge 'to-office': VPN "
+        "'office' refuses bridges: the client profile 'default' of username 'default' does "
+        "not allow bridge connections"
+    )
