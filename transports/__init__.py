@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._asyncio_tcp import READ_HIGH_WATER, AsyncioTcpStream, adopt_tcp_stream
 from ._backoff import Backoff
+from ._certificates import RenewableCertificates
 from ._client import RemoteSession, connect
 from ._config_tables import read_backoff_table, read_listener_tls_table, read_tls_table
 from ._dialing import ConnectSettings, Remote, Target, validate_compression
@@ -79,6 +80,7 @@ __all__ = [
     "RemoteManagement",
     "RemoteSession",
     "RemoteSessionStatistics",
+    "RenewableCertificates",
     "Role",
     "Server",
     "ServerStatistics",

@@ -30,12 +30,12 @@ from meshbus.errors import (
     AuthenticationError,
     MeshbusError,
     ProtocolError,
-    StateError,
     TransportError,
 )
 
 from . import _events as ev
 from ._asyncio_tcp import adopt_tcp_stream
+from ._certificates import RenewableCertificates
 from ._compression import ALGORITHMS
 from ._connection import Connection
 from ._link import WireLink
@@ -88,7 +88,7 @@ class ServerStatistics:
     others were logging in."""
 
 
-class Server:
+class Server(RenewableCertificates):
     """One listener of a node. Made by :func:`start_server`; closes with the node."""
 
     def __init__(
@@ -130,24 +130,6 @@ class Server:
         scheme = "tls" if self._context is not None else "tcp"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{scheme}://{host}:{self.port}"
-
-    def read_certificates(self) -> ssl.SSLContext | None:
-        """Read the listener's TLS files again (a rotated certificate, say), changing
-        nothing: a context for :meth:`use_certificates`, or ``None`` for a plain
-        listener. Reading files, it belongs in a worker thread.
-
-        :raises ConfigurationError: the files are missing or do not hold a certificate
-            and its key.
-        """
-        tls = self.settings.tls
-        return None if tls is None else tls.server_context()
-
-    def use_certificates(self, context: ssl.SSLContext) -> None:
-        """Handshakes from now on use ``context`` (from :meth:`read_certificates`);
-        connections already up keep theirs."""
-        if self._context is None:
-            raise StateError("a plain listener has no certificates to replace")
-        self._context = context
 
     async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         listener = self._listener

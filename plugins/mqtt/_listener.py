@@ -9,8 +9,9 @@ import anyio
 import anyio.abc
 import attrs
 
-from meshbus import Node, StashKey, StateError, TransportError
+from meshbus import Node, StashKey, TransportError
 from meshbus.transports import (
+    RenewableCertificates,
     accept_stream,
     peer_address,
     peer_name,
@@ -57,7 +58,7 @@ class MqttListenerStatistics:
     waited for its delay counts in the VPN's ``mqtt.delayed_wills``)."""
 
 
-class MqttListener:
+class MqttListener(RenewableCertificates):
     """One MQTT listener of a node; made by :func:`start_mqtt_listener`, closes with it."""
 
     def __init__(
@@ -89,24 +90,6 @@ class MqttListener:
         scheme = "mqtts" if self._context is not None else "mqtt"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{scheme}://{host}:{self.port}"
-
-    def read_certificates(self) -> ssl.SSLContext | None:
-        """Read the listener's TLS files again (a rotated certificate, say), changing
-        nothing: a context for :meth:`use_certificates`, or ``None`` for a plain
-        listener. Reading files, it belongs in a worker thread.
-
-        :raises ConfigurationError: the files are missing or do not hold a certificate
-            and its key.
-        """
-        tls = self.settings.tls
-        return None if tls is None else tls.server_context()
-
-    def use_certificates(self, context: ssl.SSLContext) -> None:
-        """Handshakes from now on use ``context`` (from :meth:`read_certificates`);
-        connections already up keep theirs."""
-        if self._context is None:
-            raise StateError("a plain listener has no certificates to replace")
-        self._context = context
 
     def statistics(self) -> MqttListenerStatistics:
         """Counts, now."""
