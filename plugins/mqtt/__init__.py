@@ -8,7 +8,8 @@ certificates and ACLs, and publish and subscribe beside native sessions:
 * topics are shared with native sessions; MQTT filters translate as SPEC 1 says
   (``+`` is ``*``, ``a/#`` is ``a`` and ``a/>``, ``$share/g/f`` a shared subscription);
 * QoS 0 is a direct message, QoS 1 and 2 a persistent guaranteed one, acknowledged
-  once the node holds it (QoS 2 with its PUBREC/PUBREL/PUBCOMP exchange);
+  once the node holds it (QoS 2 with its PUBREC/PUBREL/PUBCOMP exchange, whose ids
+  are session state: a QoS 2 publish sent again on a later connection is taken once);
 * a QoS 1 subscription is a subscription of the client's own queue
   (``mqtt/<client id>``), so a persistent session (clean session 0, or a session
   expiry interval) gets what was published while it was away, across a restart or

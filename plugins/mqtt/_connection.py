@@ -134,7 +134,6 @@ class MqttConnection(Subscribing, Delivering):
         self.client_receive_max = 65535
         self._write_lock = anyio.Lock()
         self._aliases: dict[int, str] = {}
-        self._qos2: set[int] = set()  # QoS 2 packet ids received, until their PUBREL
         self._waiting: list[tuple[str, AnyPublish]] = []  # QoS 1/2 publishes to commit
         self._work = anyio.Event()
         self._room = anyio.Event()
@@ -528,6 +527,9 @@ class MqttConnection(Subscribing, Delivering):
         codec = self.codec
         assert codec is not None
         acks: list[bytes] = []
+        state = self.state
+        assert state is not None
+        received = len(state.received)
         i = 0
         while i < len(items):
             j = i
@@ -539,6 +541,8 @@ class MqttConnection(Subscribing, Delivering):
             else:
                 acks.append(await self._send_one(*items[i]))
                 i += 1
+        if len(state.received) != received:
+            self.listener.registry.save(state)  # kept before its PUBREC goes (see _send_one)
         await self._write(b"".join(acks))
 
     async def _send_batch(self, batch: list[tuple[str, AnyPublish]]) -> list[bytes]:
@@ -567,13 +571,17 @@ class MqttConnection(Subscribing, Delivering):
         assert codec is not None
         assert session is not None
         packet_id = packet.packet_id or 0
-        if packet.qos == 2 and packet_id in self._qos2:
-            return codec.ack(5, packet_id)  # a resend: it was taken already
+        received = self.state.received if self.state is not None else set()
+        if packet.qos == 2 and packet_id in received:
+            # Sent again, maybe on a later connection: it was taken already.
+            return codec.ack(5, packet_id)
         options = publish_options(packet) if codec.v5 else {}
         reason = await self._send(session, topic, packet, options)
         if packet.qos == 2:
             if reason < 0x80:
-                self._qos2.add(packet_id)
+                # Part of the session (MQTT 4.3.3): the caller saves it before the
+                # PUBREC goes, so a resend after a restart or crash is known too.
+                received.add(packet_id)
             return codec.ack(5, packet_id, reason)
         return codec.ack(4, packet_id, reason)
 
@@ -588,6 +596,20 @@ class MqttConnection(Subscribing, Delivering):
             with suppress(StateError):
                 self.flow.ack(message)
 
+    async def _released(self, packet_id: int) -> None:
+        """The client's PUBREL: the id is free for a new message, in the session's
+        file too before the PUBCOMP goes (a crash after it must not take a new
+        message with that id for a resend)."""
+        state = self.state
+        codec = self.codec
+        assert state is not None
+        assert codec is not None
+        known = packet_id in state.received
+        if known:
+            state.received.discard(packet_id)
+            self.listener.registry.save(state)
+        await self._write(codec.ack(7, packet_id, 0 if known else 0x92))
+
     async def _control(self, packet: Any) -> None:
         kind = type(packet)
         codec = self.codec
@@ -601,9 +623,7 @@ class MqttConnection(Subscribing, Delivering):
         elif kind is UnsubscribePacket:
             await self._unsubscribe(packet)
         elif kind is PubRelPacket:
-            known = packet.packet_id in self._qos2
-            self._qos2.discard(packet.packet_id)
-            await self._write(codec.ack(7, packet.packet_id, 0 if known else 0x92))
+            await self._released(packet.packet_id)
         elif kind is DisconnectPacket:
             async with self._commit_lock:  # what it sent before its goodbye is answered
                 if self._waiting:
@@ -631,7 +651,8 @@ class MqttConnection(Subscribing, Delivering):
         if qos == 0:
             self._publish_qos0(topic, packet)
             return
-        if len(self._qos2) + len(self._waiting) >= self.settings.receive_maximum and qos == 2:
+        taken = len(self.state.received) if self.state is not None else 0
+        if taken + len(self._waiting) >= self.settings.receive_maximum and qos == 2:
             raise Closed("more QoS 2 publishes in flight than allowed", RECEIVE_MAX_EXCEEDED)
         self._waiting.append((topic, packet))
         self._work.set()

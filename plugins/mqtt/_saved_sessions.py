@@ -2,9 +2,10 @@
 has them: one small JSON file per persistent session, under ``mqtt-sessions/``.
 
 A file holds what the session is (its VPN, client id, expiry interval, subscriptions,
-queue, and the will of its last connection while that waits: :mod:`._wills`) and when
-its client went away; it is written before the CONNACK, SUBACK or UNSUBACK that
-depends on it goes out, when the connection ends, and when its will is published.
+queue, the will of its last connection while that waits: :mod:`._wills`, and the
+QoS 2 publishes it took and has not seen released) and when its client went away; it
+is written before the CONNACK, SUBACK, UNSUBACK, PUBREC or PUBCOMP that depends on it
+goes out, when the connection ends, and when its will is published.
 Its queue's messages live in the spool as they always did: the file only says whose
 they are. What a client was sent and has not acknowledged is sent again: after a
 crash it is sent again, flagged DUP, under a new packet id; the packet ids are kept
@@ -44,6 +45,7 @@ class SavedSession:
         "packet_ids",
         "queue",
         "queue_limit",
+        "received",
         "subscriptions",
         "vpn",
         "will",
@@ -60,6 +62,7 @@ class SavedSession:
         subscriptions: list[tuple[str, int, tuple[str, ...], bool, bool, int | None]],
         packet_ids: dict[int, int] | None = None,
         will: PendingWill | None = None,
+        received: list[int] | None = None,
     ) -> None:
         self.vpn = vpn
         self.client_id = client_id
@@ -74,6 +77,8 @@ class SavedSession:
         self.packet_ids = packet_ids or {}
         #: The will of its last connection, while it waits to be published.
         self.will = will
+        #: The packet ids of QoS 2 publishes taken and not released yet.
+        self.received = received or []
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +102,7 @@ class SavedSession:
             ],
             "packet_ids": [[spool_id, pid] for spool_id, pid in self.packet_ids.items()],
             "will": None if self.will is None else self.will.to_json(),
+            "received": self.received,
         }
 
     @classmethod
@@ -167,7 +173,14 @@ class SavedSession:
             raise ValueError("QoS 1 subscriptions but no queue")
         raw_will = raw.get("will")
         will = None if raw_will is None else PendingWill.from_json(raw_will)
-        return cls(vpn, client_id, expiry, queue, limit, since, subscriptions, packet_ids, will)
+        received = raw.get("received", [])  # absent in files from before it was kept
+        if not isinstance(received, list) or not all(
+            _count(pid) and 0 < pid < 0x10000 for pid in received
+        ):
+            raise ValueError("bad received")
+        return cls(
+            vpn, client_id, expiry, queue, limit, since, subscriptions, packet_ids, will, received
+        )
 
 
 def _text(raw: dict[str, Any], key: str) -> str:

@@ -87,6 +87,10 @@ class MqttSession:
         #: (by spool id): sent again on a later connection, it keeps it (MQTT-4.4.0-1).
         self.packet_ids: dict[int, int] = {}
         self.reserved_ids: set[int] = set()  # the values of packet_ids
+        #: The packet ids of QoS 2 publishes the node took from the client and has not
+        #: seen released (PUBREL) yet: a PUBLISH sent again with one of them, on this
+        #: connection or a later one, is answered and not published again.
+        self.received: set[int] = set()
         self.saved_once = False  # whether it has a file (SessionRegistry.save)
         #: The will of its last connection: set at CONNECT, gone at a normal
         #: DISCONNECT; once the connection is lost, it waits here for its delay.
@@ -131,6 +135,7 @@ class MqttSession:
             subscriptions,
             dict(self.packet_ids) if self.connection is None else None,
             self.will,
+            sorted(self.received),
         )
 
     def __repr__(self) -> str:
@@ -189,6 +194,7 @@ class SessionRegistry:
                 session.subscriptions[mqtt_filter] = sub
             for spool_id, packet_id in saved.packet_ids.items():
                 session.keep_id(spool_id, packet_id)
+            session.received = set(saved.received)
             self.sessions[(saved.vpn, saved.client_id)] = session
             try:
                 await self._restore_queue(session, saved.queue)

@@ -183,6 +183,7 @@ GOOD = {
     ],
     "packet_ids": [[7, 1]],
     "will": GOOD_WILL,
+    "received": [3, 9],
 }
 
 
@@ -205,6 +206,12 @@ def test_a_session_file_reads_back_what_was_written() -> None:
     plain = {k: v for k, v in sub.items() if k != "identifier"}
     oldest = SavedSession.from_json(orjson.dumps({**GOOD, "subscriptions": [plain]}))
     assert oldest.subscriptions == [("t/#", 1, ("t", "t/>"), False, True, None)]
+    # ... and one from before taken QoS 2 ids were kept as one with none.
+    assert saved.received == [3, 9]
+    untaken = SavedSession.from_json(
+        orjson.dumps({k: v for k, v in GOOD.items() if k != "received"})
+    )
+    assert untaken.received == []
 
 
 @pytest.mark.parametrize(
@@ -223,6 +230,9 @@ def test_a_session_file_reads_back_what_was_written() -> None:
         ({"subscriptions": [{**GOOD["subscriptions"][0], "identifier": 0}]}, "bad subscription"),  # type: ignore[index]
         ({"packet_ids": [[7, 0]]}, "bad packet_ids"),
         ({"packet_ids": [[7, 1], [8, 1]]}, "twice"),
+        ({"received": [0]}, "bad received"),
+        ({"received": [65536]}, "bad received"),
+        ({"received": {"7": 1}}, "bad received"),
         ({"will": []}, "bad will"),
         ({"will": {**GOOD_WILL, "topic": ""}}, "bad will topic"),
         ({"will": {**GOOD_WILL, "payload": "%%"}}, "bad will payload"),
