@@ -1,7 +1,8 @@
 """Plugin ``mqtt``: MQTT 3.1.1 and 5 clients on a node's own listeners (SPEC 13).
 
 An edge gateway's devices speak MQTT. :func:`start_mqtt_listener` (or
-``[[mqtt.listeners]]`` in the configuration file) opens a TCP or TLS port whose
+``[[mqtt.listeners]]`` in the configuration file) opens a TCP or TLS port (or a
+WebSocket one, ``websocket = true``, for browsers and HTTP-only networks) whose
 clients log in to one Message VPN with its own usernames, passwords, client
 certificates and ACLs, and publish and subscribe beside native sessions:
 
@@ -32,8 +33,8 @@ HiveMQ, ...) through an :class:`MqttLink`: the HiveMQ bridge's job, with the bri
 topic mappings, hop counting (the ``hmq-bridge-hop-count`` user property on MQTT 5),
 counters, backoff and failover.
 
-Not done: WebSocket listeners, enhanced authentication (AUTH), topic aliases from
-the node to the client, and QoS 2 to subscribers.
+Not done: enhanced authentication (AUTH), topic aliases from the node to the client,
+and QoS 2 to subscribers.
 """
 
 from ._bridge_link import (
@@ -49,7 +50,13 @@ from ._codec import MQTT_5, MQTT_311, Codec, MalformedPacket, PacketReader, Pack
 from ._listener import MqttListener, MqttListenerStatistics, start_mqtt_listener
 from ._plugin import listeners_of
 from ._sessions import queue_name
-from ._settings import DEFAULT_MQTT_PORT, DEFAULT_MQTTS_PORT, MqttListenerSettings
+from ._settings import (
+    DEFAULT_MQTT_PORT,
+    DEFAULT_MQTTS_PORT,
+    DEFAULT_WS_PORT,
+    DEFAULT_WSS_PORT,
+    MqttListenerSettings,
+)
 
 __all__ = [
     "HOP_COUNT_PROPERTY",
@@ -61,6 +68,8 @@ __all__ = [
     "to_mqtt_filter",
     "DEFAULT_MQTTS_PORT",
     "DEFAULT_MQTT_PORT",
+    "DEFAULT_WSS_PORT",
+    "DEFAULT_WS_PORT",
     "MQTT_311",
     "MQTT_5",
     "Codec",

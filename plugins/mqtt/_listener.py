@@ -1,4 +1,5 @@
-"""An MQTT listener: accepts TCP (or TLS) connections and serves each as a client."""
+"""An MQTT listener: accepts TCP (or TLS) connections, upgraded to WebSocket ones on a
+WebSocket listener, and serves each as a client."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from meshbus.transports import (
 
 from ._connection import MqttConnection
 from ._sessions import SessionRegistry
-from ._settings import MqttListenerSettings
+from ._settings import MqttListenerSettings, url_of
+from ._websocket import accept_websocket
 
 __all__ = ["MqttListener", "MqttListenerStatistics", "start_mqtt_listener"]
 
@@ -41,7 +43,8 @@ class MqttListenerStatistics:
     turned_away: int
     """Connections closed at once: ``max_unauthenticated`` were logging in already."""
     malformed: int
-    """Connections closed for a packet that broke the protocol."""
+    """Connections closed for a packet that broke the protocol (on a WebSocket
+    listener, also those whose upgrade request was refused)."""
     received: int
     """PUBLISH packets taken from clients."""
     sent: int
@@ -86,10 +89,11 @@ class MqttListener(RenewableCertificates):
 
     @property
     def url(self) -> str:
-        """``mqtt://host:port`` (``mqtts://`` with TLS)."""
-        scheme = "mqtts" if self._context is not None else "mqtt"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{scheme}://{host}:{self.port}"
+        """``mqtt://host:port`` (``mqtts://`` with TLS), or ``ws://host:port/path``
+        (``wss://``) for MQTT over WebSocket."""
+        settings = self.settings
+        tls = self._context is not None
+        return url_of(self.host, self.port, tls, settings.websocket, settings.websocket_path)
 
     def statistics(self) -> MqttListenerStatistics:
         """Counts, now."""
@@ -150,6 +154,18 @@ class MqttListener(RenewableCertificates):
             if accepted is None:
                 return
             stream, certificate_name = accepted
+            if self.settings.websocket:
+                upgraded = await accept_websocket(
+                    stream,
+                    self.settings.websocket_path,
+                    self.node.clock,
+                    self.settings.connect_timeout,
+                    peer,
+                )
+                if upgraded is None:
+                    self.malformed += 1
+                    return
+                stream = upgraded
             connection = MqttConnection(self, stream, peer, address, certificate_name)
             self.connections.add(connection)
             try:

@@ -23,7 +23,13 @@ from meshbus.transports import DEFAULT_PORT, DEFAULT_TLS_PORT, read_listener_tls
 
 from ._listener import LISTENERS, REGISTRY, MqttListener, start_mqtt_listener
 from ._sessions import SessionRegistry
-from ._settings import DEFAULT_MQTTS_PORT, MqttListenerSettings
+from ._settings import (
+    DEFAULT_MQTT_PORT,
+    DEFAULT_MQTTS_PORT,
+    DEFAULT_WS_PORT,
+    DEFAULT_WSS_PORT,
+    MqttListenerSettings,
+)
 
 __all__ = ["SECTION", "listeners_of"]
 
@@ -112,11 +118,13 @@ def _read(
             continue
         extra: dict[str, Any] = {}
         defaults: dict[str, Any] = {}
+        websocket = entry.get("websocket") is True
+        defaults["port"] = DEFAULT_WS_PORT if websocket else DEFAULT_MQTT_PORT
         if "tls" in entry:
             extra["tls"] = tls = read_listener_tls_table(
                 reader, entry["tls"], reader.join(at, "tls")
             )
-            defaults["port"] = DEFAULT_MQTTS_PORT
+            defaults["port"] = DEFAULT_WSS_PORT if websocket else DEFAULT_MQTTS_PORT
             failed = failed or tls is None
         settings = reader.attrs_value(
             MqttListenerSettings, entry, at, extra=extra, defaults=defaults
@@ -185,7 +193,7 @@ SECTION = ConfigSection(
     _read,
     configure=_configure,
     provision=_provision,
-    summary="MQTT listeners: [[mqtt.listeners]] with host, port, vpn, tls and limits",
+    summary="MQTT listeners: [[mqtt.listeners]] with host, port, vpn, tls, websocket and limits",
 )
 
 

@@ -9,12 +9,23 @@ import attrs
 from meshbus import ConfigurationError
 from meshbus.transports import TlsSettings
 
-__all__ = ["DEFAULT_MQTT_PORT", "DEFAULT_MQTTS_PORT", "MqttListenerSettings"]
+__all__ = [
+    "DEFAULT_MQTTS_PORT",
+    "DEFAULT_MQTT_PORT",
+    "DEFAULT_WSS_PORT",
+    "DEFAULT_WS_PORT",
+    "MqttListenerSettings",
+]
 
 DEFAULT_MQTT_PORT = 1883
 """MQTT's registered port, for a plain TCP listener."""
 DEFAULT_MQTTS_PORT = 8883
 """MQTT over TLS's registered port."""
+DEFAULT_WS_PORT = 8000
+"""The port of an MQTT over WebSocket listener in the configuration file, when it
+names none (MQTT has no registered one)."""
+DEFAULT_WSS_PORT = 8443
+"""The port of an MQTT over secure WebSocket listener, likewise."""
 
 
 def _at_least(minimum: int) -> Any:
@@ -35,6 +46,18 @@ def _between(low: int, high: int) -> Any:
             )
 
     return check
+
+
+def _flag(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{attribute.name} must be true or false, got {value!r}")
+
+
+def _path(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value.startswith("/") or any(c in value for c in "? #"):
+        raise ConfigurationError(
+            f"{attribute.name} must be a URL path starting with '/' (no query), got {value!r}"
+        )
 
 
 def _seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -82,11 +105,26 @@ class MqttListenerSettings:
     until the client cleans it, as MQTT 3.1.1 persistent sessions do)."""
     max_queued_messages: int = attrs.field(default=100_000, validator=_at_least(1))
     """Messages a client's queue holds for its QoS 1 subscriptions, at most."""
+    websocket: bool = attrs.field(default=False, validator=_flag)
+    """MQTT over WebSocket (``ws://``, or ``wss://`` with ``tls``): clients upgrade an
+    HTTP request for :attr:`websocket_path` with the ``mqtt`` subprotocol, then send
+    their packets in binary messages."""
+    websocket_path: str = attrs.field(default="/mqtt", validator=_path)
+    """The path a WebSocket listener takes upgrades at; any other is answered 404."""
 
     @property
     def label(self) -> str:
         """The name, or ``mqtt://host:port`` (``mqtts://`` with TLS)."""
         if self.name:
             return self.name
-        scheme = "mqtts" if self.tls is not None else "mqtt"
-        return f"{scheme}://{self.host}:{self.port}"
+        tls = self.tls is not None
+        return url_of(self.host, self.port, tls, self.websocket, self.websocket_path)
+
+
+def url_of(host: str, port: int, tls: bool, websocket: bool, path: str) -> str:
+    """``mqtt://host:port``, ``mqtts://``, or ``ws://host:port/path`` (``wss://``)."""
+    if ":" in host:
+        host = f"[{host}]"
+    if websocket:
+        return f"{'wss' if tls else 'ws'}://{host}:{port}{path}"
+    return f"{'mqtts' if tls else 'mqtt'}://{host}:{port}"

@@ -33,14 +33,24 @@ class Paho:
     """One paho-mqtt client: its network loop in paho's thread, its calls in workers."""
 
     def __init__(self, port: int, client_id: str, protocol: int = V5, **options: Any) -> None:
+        """``options``: ``clean_session`` (3.1.1), ``transport="websockets"`` with
+        ``ws_path``, ``ca`` (a CA file: TLS) and ``host`` (default 127.0.0.1)."""
         self.port = port
         self.protocol = protocol
+        self.host = options.pop("host", "127.0.0.1")
+        transport = options.pop("transport", "tcp")
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=client_id,
             protocol=protocol,
             clean_session=options.pop("clean_session", None) if protocol != V5 else None,
+            transport=transport,
         )
+        if transport == "websockets":
+            self.client.ws_set_options(path=options.pop("ws_path", "/mqtt"))
+        ca = options.pop("ca", None)
+        if ca is not None:
+            self.client.tls_set(ca_certs=str(ca))
         self.options = options
         self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
         self.connack: Any = None
@@ -92,14 +102,14 @@ class Paho:
         def connect() -> None:
             if self.protocol == V5:
                 client.connect(
-                    "127.0.0.1",
+                    self.host,
                     self.port,
                     keepalive=keepalive,
                     clean_start=clean_start,
                     properties=properties,
                 )
             else:
-                client.connect("127.0.0.1", self.port, keepalive=keepalive)
+                client.connect(self.host, self.port, keepalive=keepalive)
             client.loop_start()
             if not self.connected.wait(WAIT):
                 raise TimeoutError("no CONNACK")
