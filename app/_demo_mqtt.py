@@ -3,7 +3,8 @@
 The device is a small MQTT 5 client written with the same ``mqtt5`` packet codec the
 listener uses, over a plain TCP socket, so the demo needs nothing besides meshbus;
 paho-mqtt, ``mosquitto_pub`` and ``mosquitto_sub`` connect the same way
-(``examples/mqtt_devices.py`` uses paho-mqtt).
+(``examples/mqtt_devices.py`` uses paho-mqtt). A web dashboard is the same client
+over a WebSocket, as a page's MQTT library would be.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from meshbus import Node
 class _Device:
     """Just enough of an MQTT 5 client for the demo: connect, subscribe, publish, read."""
 
-    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self.stream = stream
         self.buffer = b""
 
@@ -38,14 +39,36 @@ class _Device:
         await self.stream.send(packet.write())  # type: ignore[attr-defined]
 
 
+async def _websocket(port: int) -> anyio.abc.ByteStream:
+    """A WebSocket for MQTT to ``port``, upgraded."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Request
+
+    from meshbus.plugins.mqtt._websocket import WebSocketStream
+
+    stream = await anyio.connect_tcp("127.0.0.1", port)
+    ws = WSConnection(ConnectionType.CLIENT)
+    await stream.send(ws.send(Request(host="127.0.0.1", target="/mqtt", subprotocols=["mqtt"])))
+    while True:
+        ws.receive_data(await stream.receive())
+        if any(isinstance(event, AcceptConnection) for event in ws.events()):
+            return WebSocketStream(stream, ws)
+
+
 async def mqtt_demo() -> None:
     from meshbus.plugins.mqtt import MqttListenerSettings, start_mqtt_listener
 
     print("\n== MQTT devices on the node's own listener, retained values (SPEC 12, 13)")
     async with Node(name="edge") as node:
         listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        web = await start_mqtt_listener(node, MqttListenerSettings(port=0, websocket=True))
         app = node.connect(client_name="app")
         app.subscribe("readings/>")
+        board = _Device(await _websocket(web.port))
+        await board.send(mqtt5.ConnectPacket("dashboard", clean_start=True))
+        await board.next()  # its CONNACK
+        await board.send(mqtt5.SubscribePacket(1, [mqtt5.TopicFilter("readings/#")]))
+        await board.next()  # its SUBACK
         async with await anyio.connect_tcp("127.0.0.1", listener.port) as stream:
             device = _Device(stream)
             await device.send(mqtt5.ConnectPacket("meter-1", clean_start=True, keep_alive=30))
@@ -83,6 +106,13 @@ async def mqtt_demo() -> None:
                 f"native app got {reading.topic} = {reading.payload.decode()} from "
                 f"'{reading.sender}', headers {dict(reading.headers)}"
             )
+            with anyio.fail_after(10):
+                shown = await board.next()
+            assert isinstance(shown, mqtt5.PublishPacket)
+            print(
+                f"web dashboard on {web.url} (MQTT over WebSocket) got "
+                f"{shown.topic} = {shown.payload.decode()}"
+            )
             await app.send("commands/meter-1/reset", b"now")
             with anyio.fail_after(10):
                 command = await device.next()
@@ -101,6 +131,8 @@ async def mqtt_demo() -> None:
                 f"(retained={kept.retained})"
             )
             await device.send(mqtt5.DisconnectPacket())
+        await board.send(mqtt5.DisconnectPacket())
+        await board.stream.aclose()
         figures = listener.statistics()
         print(
             f"listener: {figures.logins} login, {figures.received} publishes in, {figures.sent} out"

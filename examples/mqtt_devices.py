@@ -5,7 +5,9 @@ A node opens an MQTT listener on a free port. Two "devices" are paho-mqtt client
 (retained) and a will, and a valve that keeps a persistent session with a QoS 1
 subscription. The application beside them is a native meshbus session: it reads
 what the devices publish and sends commands back, one of them while the valve is
-offline, which the valve gets when it reconnects.
+offline, which the valve gets when it reconnects. A dashboard in a web page would
+speak MQTT over WebSocket: a second listener takes those, and a paho client over
+WebSocket stands in for it.
 
 Run: python examples/mqtt_devices.py
 """
@@ -23,10 +25,14 @@ from meshbus import Node
 from meshbus.plugins.mqtt import MqttListenerSettings, start_mqtt_listener
 
 
-def device(port: int, client_id: str, *, clean: bool = True) -> tuple[mqtt.Client, queue.Queue]:
+def device(
+    port: int, client_id: str, *, clean: bool = True, transport: str = "tcp"
+) -> tuple[mqtt.Client, queue.Queue]:
     """A connected paho client whose messages land in a queue."""
     inbox: queue.Queue = queue.Queue()
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean, transport=transport
+    )
     client.on_message = lambda c, u, m: inbox.put(m)
     client.on_subscribe = lambda c, u, mid, codes, p: inbox.put("subscribed")
     connected: queue.Queue = queue.Queue()
@@ -38,11 +44,19 @@ def device(port: int, client_id: str, *, clean: bool = True) -> tuple[mqtt.Clien
     return client, inbox
 
 
-def run_devices(port: int, command: Callable[[str, bytes], None]) -> None:
+def run_devices(port: int, web_port: int, command: Callable[[str, bytes], None]) -> None:
+    dashboard, board = device(web_port, "dashboard", transport="websockets")
+    dashboard.subscribe("readings/#", qos=0)
+    assert board.get(timeout=5) == "subscribed"
     meter, _ = device(port, "meter-1")
     meter.publish("devices/meter-1/online", b"true", qos=1, retain=True).wait_for_publish(5)
     for kwh in (40, 41):
         meter.publish("readings/meter-1/kwh", str(kwh).encode(), qos=0)
+    for _ in range(2):
+        message = board.get(timeout=5)
+        print(f"dashboard (WebSocket) got {message.topic}: {message.payload.decode()}")
+    dashboard.disconnect()
+    dashboard.loop_stop()
 
     valve, inbox = device(port, "valve-3", clean=False)
     valve.subscribe("commands/valve-3/#", qos=1)
@@ -67,6 +81,8 @@ def run_devices(port: int, command: Callable[[str, bytes], None]) -> None:
 async def main() -> None:
     async with Node(name="edge") as node:
         listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        web = await start_mqtt_listener(node, MqttListenerSettings(port=0, websocket=True))
+        print(f"devices connect to {listener.url}, web pages to {web.url}")
         app = node.connect(client_name="app")
         app.subscribe("readings/>")
         app.subscribe("devices/*/online")
@@ -74,7 +90,7 @@ async def main() -> None:
         def command(topic: str, payload: bytes) -> None:  # from the devices' thread
             anyio.from_thread.run(app.send, topic, payload)
 
-        await anyio.to_thread.run_sync(run_devices, listener.port, command)
+        await anyio.to_thread.run_sync(run_devices, listener.port, web.port, command)
         while listener.statistics().wills == 0:  # the node notices the meter's cut
             await anyio.sleep(0.01)
         for message in iter(app.receive_nowait, None):

@@ -35,6 +35,8 @@ EXPECTED: dict[str, list[str]] = {
         "link pair-b: forwarded=1 interest=1",
     ],
     "mqtt_devices.py": [
+        "dashboard (WebSocket) got readings/meter-1/kwh: 40",
+        "dashboard (WebSocket) got readings/meter-1/kwh: 41",
         "valve-3 got commands/valve-3/open: 50% (QoS 1)",
         "valve-3 back, session present: True",
         "valve-3 got commands/valve-3/close: now (QoS 1)",

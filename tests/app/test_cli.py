@@ -77,6 +77,7 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "MQTT 5 client 'meter-1' connected to mqtt://127.0.0.1:" in out
     assert "native app got readings/meter-1/kwh = 42 from 'meter-1', headers {'unit': 'kWh'}" in out
     assert "meter-1 got commands/meter-1/reset = now at QoS 1 (its queue: mqtt/meter-1)" in out
+    assert "(MQTT over WebSocket) got readings/meter-1/kwh = 42" in out
     assert "a session subscribing later gets state/meter-1 = online (retained=True)" in out
     # a pair of bridges between two nodes: one connection, both ways, a queue drained
     assert "plant reusing, hq in-sync; 1 connection between them" in out
