@@ -72,6 +72,7 @@ from ._reasons import (
     PROTOCOL_ERROR,
     QUOTA_EXCEEDED,
     RECEIVE_MAX_EXCEEDED,
+    SERVER_SHUTTING_DOWN,
     TOPIC_ALIAS_INVALID,
     TOPIC_NAME_INVALID,
     Closed,
@@ -155,6 +156,7 @@ class MqttConnection(Subscribing, Delivering):
         self._tg: anyio.abc.TaskGroup | None = None
         self._failure: BaseException | None = None
         self.taken_over = False
+        self.closing = False  # it said goodbye (see goodbye): nothing more is written
 
     # --- the connection's life --------------------------------------------------------
 
@@ -716,10 +718,27 @@ class MqttConnection(Subscribing, Delivering):
     # --- writing ----------------------------------------------------------------------
 
     async def _write(self, data: bytes) -> None:
-        if not data:
+        if not data or self.closing:
             return
         async with self._write_lock:
-            await self.stream.send(data)
+            if not self.closing:  # it may have said goodbye while this waited
+                await self.stream.send(data)
+
+    async def goodbye(self, why: str) -> None:
+        """Tell an MQTT 5 client the node closes its connection ("server shutting
+        down"), within a second; nothing is written after it (MQTT-3.14.4-1): from
+        now on writes are dropped, a write under way finishes first, and the direct
+        messages a reader's read made wait for its end are dropped too. A 3.1.1
+        client has no such packet: its connection just closes."""
+        codec = self.codec
+        if codec is None or not codec.v5 or self.session is None or self._scope is None:
+            return
+        self.closing = True
+        self._unwritten.clear()
+        with anyio.move_on_after(1):
+            async with self._write_lock:
+                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    await self.stream.send(codec.disconnect(SERVER_SHUTTING_DOWN, why))
 
     async def _say_disconnect(self, code: int, why: str) -> None:
         codec = self.codec

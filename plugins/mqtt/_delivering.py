@@ -164,7 +164,7 @@ class Delivering(Parts):
         unwritten = self._unwritten
 
         def deliver(message: Message) -> None:
-            if len(egress) or self._direct_busy or lock.locked() or not writable():
+            if len(egress) or self._direct_busy or lock.locked() or self.closing or not writable():
                 buffered(message)
                 return
             if self._special and self._skip(message):
@@ -194,7 +194,7 @@ class Delivering(Parts):
         """Write the packets :meth:`_write_through` kept for the end of a reader's
         read, in one write (the node's write-through calls it then)."""
         unwritten = self._unwritten
-        if unwritten:
+        if unwritten and not self.closing:
             data = b"".join(unwritten)
             unwritten.clear()
             stream: Any = self.stream

@@ -132,7 +132,12 @@ class MqttListener(RenewableCertificates):
             self._stopped.set()
 
     async def aclose(self) -> None:
-        """Stop accepting and close every connection."""
+        """Stop accepting and close every connection, after telling each MQTT 5
+        client why (a DISCONNECT, "server shutting down"; a second at most)."""
+        if self._scope is not None and not self._scope.cancel_called:
+            async with anyio.create_task_group() as tg:
+                for connection in list(self.connections):
+                    tg.start_soon(connection.goodbye, "the node closes this listener")
         if self._scope is not None:
             self._scope.cancel()
         await self._stopped.wait()

@@ -38,6 +38,7 @@ class Parts:
     node: Any
     stream: anyio.abc.ByteStream
     taken_over: bool
+    closing: bool  # it said goodbye: nothing more is written
     client_max_packet: int | None
     client_receive_max: int
     _special: bool
