@@ -8,7 +8,8 @@ done while clients are connected:
   new logins follow the new tables, open sessions keep the login they had);
 * what the plugins' tables can change while running (their
   :attr:`~meshbus.ConfigSection.reload`): bridges added, removed or changed and their
-  remote subscriptions; queues added and their subscriptions; and so on.
+  remote subscriptions; queues added and their subscriptions; MQTT listeners opened,
+  closed or reopened; and so on.
 
 Everything else (the node's name, data folder, cluster and plugins, the listeners, the
 metrics endpoint, the set of VPNs and their authentication, a plugin table without

@@ -15,16 +15,18 @@ metrics on http://HOST:PORT/metrics`` before the listeners start.
 
 It prints one line per listener, ``meshbus run: node NAME listening on
 tcp://HOST:PORT`` (``tls://`` for TLS), then one per listener of a plugin (the
-``mqtt://`` or ``mqtts://`` ones of ``[[mqtt.listeners]]``), then serves until SIGINT
+``mqtt://``, ``mqtts://``, ``ws://`` or ``wss://`` ones of ``[[mqtt.listeners]]``),
+then serves until SIGINT
 or SIGTERM, when it prints ``meshbus run: stopping (SIGTERM)``, closes the listeners
 and stops the node.
 
 On SIGHUP it reads CONFIG again and applies what changed and can change while the node
 runs (:mod:`meshbus.app._config_reload`: profiles, usernames, bridges and their
-subscriptions, new queues and queue subscriptions), printing ``meshbus run: reloaded
-CONFIG: N changes``. A file that is invalid, or changes something that takes a restart,
-is refused as a whole: every reason goes to standard error, and the node runs on as
-before.
+subscriptions, new queues and queue subscriptions, MQTT listeners), printing a line
+for each plugin listener that opened (``listening on``) or closed (``no longer
+listening on``), then ``meshbus run: reloaded CONFIG: N changes``. A file that is
+invalid, or changes something that takes a restart, is refused as a whole: every
+reason goes to standard error, and the node runs on as before.
 Once the listeners are up, the process tunes its garbage collector for a node's
 many short-lived objects (:mod:`meshbus.app._collector`).
 
@@ -319,11 +321,19 @@ async def _reload(
     except ConfigurationError as exc:
         _refused(f"reload of {source} refused, nothing changed: {exc}", exc.problems)
         return running
+    listening = node.plugins.listening(node)
     try:
         changes = await reload_node(node, running, new)
     except ConfigurationError as exc:
         _refused(str(exc), exc.problems)
         return running
+    now = node.plugins.listening(node)
+    for url in listening:
+        if url not in now:
+            print(f"{_PREFIX} node {node.name} no longer listening on {url}", flush=True)
+    for url in now:
+        if url not in listening:
+            print(f"{_PREFIX} node {node.name} listening on {url}", flush=True)
     for listener, context in certificates:
         listener.use_certificates(context)
     count = len(changes)

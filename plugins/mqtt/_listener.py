@@ -23,7 +23,12 @@ from ._sessions import SessionRegistry
 from ._settings import MqttListenerSettings, url_of
 from ._websocket import accept_websocket
 
-__all__ = ["MqttListener", "MqttListenerStatistics", "start_mqtt_listener"]
+__all__ = [
+    "MqttListener",
+    "MqttListenerStatistics",
+    "close_mqtt_listener",
+    "start_mqtt_listener",
+]
 
 log = logging.getLogger("meshbus.mqtt")
 
@@ -220,3 +225,14 @@ async def start_mqtt_listener(
     node.stash.setdefault(LISTENERS, []).append(listener)
     registry.release_wills()
     return listener
+
+
+async def close_mqtt_listener(node: Node, listener: MqttListener) -> None:
+    """Close one of the node's MQTT listeners while the node runs: its MQTT 5 clients
+    are told why, its connections end, and it is no longer one of the node's
+    (:func:`~meshbus.plugins.mqtt.listeners_of`). The sessions of its clients stay,
+    for them to come back to, through another listener of the VPN."""
+    await listener.aclose()
+    listeners = node.stash.get(LISTENERS, [])
+    if listener in listeners:
+        listeners.remove(listener)

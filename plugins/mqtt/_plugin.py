@@ -3,7 +3,8 @@ that end with the node, and statistics."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -15,13 +16,20 @@ from meshbus import (
     ConfigReader,
     ConfigSection,
     ConfigSections,
+    ConfigurationError,
     Node,
     Vpn,
     hookimpl,
 )
 from meshbus.transports import DEFAULT_PORT, DEFAULT_TLS_PORT, read_listener_tls_table
 
-from ._listener import LISTENERS, REGISTRY, MqttListener, start_mqtt_listener
+from ._listener import (
+    LISTENERS,
+    REGISTRY,
+    MqttListener,
+    close_mqtt_listener,
+    start_mqtt_listener,
+)
 from ._sessions import SessionRegistry
 from ._settings import (
     DEFAULT_MQTT_PORT,
@@ -174,8 +182,6 @@ def _configure(node: Node, settings: tuple[MqttListenerSettings, ...]) -> None:
     known = set(node.vpns)
     for each in settings:
         if each.vpn not in known:
-            from meshbus import ConfigurationError
-
             raise ConfigurationError(
                 f"an MQTT listener names VPN {each.vpn!r}, which is not configured",
                 [f"listeners: no VPN named {each.vpn!r}"],
@@ -187,12 +193,81 @@ async def _provision(node: Node, settings: tuple[MqttListenerSettings, ...]) -> 
         await start_mqtt_listener(node, each)
 
 
+def _reload(
+    node: Node,
+    old: tuple[MqttListenerSettings, ...] | None,
+    new: tuple[MqttListenerSettings, ...] | None,
+) -> Callable[[], Awaitable[None]]:
+    """A reload of the file: listeners the file no longer has close (each MQTT 5
+    client is told why; persistent sessions stay, for the clients to come back to
+    another listener), new ones open, and a listener whose settings changed does
+    both. Listeners opened through the API are left alone. Checked first: the VPNs
+    exist, and a new listener's port is free (or freed by a listener that closes)."""
+    before, after = list(old or ()), list(new or ())
+    gone = [s for s in before if not _take(after[:], s)]
+    come = [s for s in after if not _take(before[:], s)]
+    running = listeners_of(node)
+    closing: list[MqttListener] = []
+    for settings in gone:
+        match = next((x for x in running if x.settings == settings and x not in closing), None)
+        if match is not None:
+            closing.append(match)
+    problems = []
+    for i, settings in enumerate(after):
+        if settings not in come:
+            continue
+        where = f"listeners[{i}]"
+        if settings.vpn not in node.vpns:
+            problems.append(f"{where}: no VPN named {settings.vpn!r}")
+        freed = any(_same_port(x.settings, settings) for x in closing)
+        if settings.port and not freed:
+            why = _bind_problem(settings.host, settings.port)
+            if why is not None:
+                problems.append(f"{where}.port: {settings.host}:{settings.port}: {why}")
+    if problems:
+        raise ConfigurationError(f"{len(problems)} problems", problems)
+
+    async def apply() -> None:
+        for listener in closing:
+            await close_mqtt_listener(node, listener)
+        for settings in come:
+            await start_mqtt_listener(node, settings)
+
+    return apply
+
+
+def _take(items: list[MqttListenerSettings], settings: MqttListenerSettings) -> bool:
+    """Whether ``items`` holds ``settings`` (one of equal ones is taken out)."""
+    if settings in items:
+        items.remove(settings)
+        return True
+    return False
+
+
+def _same_port(a: MqttListenerSettings, b: MqttListenerSettings) -> bool:
+    return a.port == b.port and (a.host == b.host or a.host in _ANY_HOST or b.host in _ANY_HOST)
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (tried, then let go), or ``None``."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 SECTION = ConfigSection(
     "mqtt",
     "node",
     _read,
     configure=_configure,
     provision=_provision,
+    reload=_reload,
     summary="MQTT listeners: [[mqtt.listeners]] with host, port, vpn, tls, websocket and limits",
 )
 

@@ -443,3 +443,36 @@ async def test_sighup_reads_rotated_certificates_of_every_tls_listener(
             await anyio.sleep(0.05)
     assert [await handshake(url, new / "ca.pem") for url in urls] == [True, True]
     assert await anyio.to_thread.run_sync(cmd.finish, signal.SIGTERM) == 0
+
+
+async def test_sighup_opens_and_closes_mqtt_listeners(command: Start, tmp_path: Path) -> None:
+    from tests.plugins.mqtt._clients import V5, Paho
+
+    probes = [socket.socket() for _ in range(2)]
+    for probe in probes:
+        probe.bind(("127.0.0.1", 0))
+    first, second = (probe.getsockname()[1] for probe in probes)
+    for probe in probes:
+        probe.close()
+    write_config(tmp_path, f"listeners = []\n[[mqtt.listeners]]\nport = {first}\n")
+    cmd = command(["edge.toml"], tmp_path)
+    (line,) = await anyio.to_thread.run_sync(cmd.wait_for, LISTENING.format(name="meshbus"))
+    assert line.endswith(f"mqtt://127.0.0.1:{first}")
+
+    write_config(
+        tmp_path, f"listeners = []\n[[mqtt.listeners]]\nport = {second}\nwebsocket = true\n"
+    )
+    cmd.process.send_signal(signal.SIGHUP)
+    (line,) = await anyio.to_thread.run_sync(cmd.wait_for, "meshbus run: reloaded")
+    assert line == "meshbus run: reloaded edge.toml: 1 change"
+    said = [line for line in cmd.stdout_lines if "listening on" in line]
+    assert said[1:] == [
+        f"meshbus run: node meshbus no longer listening on mqtt://127.0.0.1:{first}",
+        f"meshbus run: node meshbus listening on ws://127.0.0.1:{second}/mqtt",
+    ]
+    browser = Paho(second, "browser", V5, transport="websockets")
+    await browser.connect()
+    await browser.disconnect()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", first), timeout=5).close()
+    assert await anyio.to_thread.run_sync(cmd.finish, signal.SIGTERM) == 0
