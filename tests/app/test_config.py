@@ -24,7 +24,6 @@ from meshbus import (
 from meshbus.app._config import NodeConfig, VpnConfig, default_config, load_config, parse_config
 from meshbus.plugins.guaranteed import AccessType, QueueSettings
 from meshbus.transports._settings import ListenerSettings
-from meshbus.transports.certs import make_ca, make_server_certificate
 
 #: What the unknown-plugin problems list as installed (every plugin entry point).
 INSTALLED = ", ".join(sorted(available_plugins()))
@@ -50,15 +49,6 @@ def problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Problems:
         return info.value.problems
 
     return check
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A development CA and a server certificate signed by it."""
-    folder = tmp_path_factory.mktemp("certs")
-    make_ca(folder)
-    make_server_certificate(folder)
-    return folder
 
 
 def example_environ(certs: Path) -> dict[str, str]:

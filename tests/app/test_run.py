@@ -55,14 +55,6 @@ def command() -> Iterator[Start]:
         cmd.close()
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("certs")
-    make_ca(folder)
-    make_server_certificate(folder)
-    return folder
-
-
 def write_config(folder: Path, text: str) -> Path:
     path = folder / "edge.toml"
     path.write_text(text, encoding="utf-8")

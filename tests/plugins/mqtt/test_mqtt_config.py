@@ -28,7 +28,6 @@ from meshbus.plugins.mqtt import (
     listeners_of,
 )
 from meshbus.transports import connect
-from meshbus.transports.certs import make_ca, make_server_certificate
 from tests.processes import Child, free_port
 
 from ._clients import V5, V311, Paho
@@ -36,15 +35,6 @@ from ._clients import V5, V311, Paho
 Problems = Callable[[str], list[str]]
 
 CONNECT_311 = bytes.fromhex("100c00044d5154540402003c0000")  # clean session, empty id
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A development CA and a server certificate signed by it."""
-    folder = tmp_path_factory.mktemp("certs")
-    make_ca(folder)
-    make_server_certificate(folder)
-    return folder
 
 
 @pytest.fixture

@@ -38,7 +38,6 @@ from meshbus.plugins.mqtt import (
 )
 from meshbus.plugins.mqtt._websocket import WebSocketStream
 from meshbus.transports import TlsSettings
-from meshbus.transports.certs import make_ca, make_server_certificate
 
 from ._clients import V5, V311, Paho, eventually
 from ._packets import CONNECT_5
@@ -57,14 +56,6 @@ async def node() -> AsyncIterator[Node]:
 async def listener(node: Node) -> MqttListener:
     settings = MqttListenerSettings(port=0, websocket=True, max_packet_size=MAX_PACKET)
     return await start_mqtt_listener(node, settings)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("certs")
-    make_ca(folder)
-    make_server_certificate(folder)
-    return folder
 
 
 # --- real clients ----------------------------------------------------------------------
