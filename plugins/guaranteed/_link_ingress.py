@@ -97,6 +97,8 @@ async def spool_many(
                 meta["origin"] = list(message.origin or service._new_origin())
                 if message.hop_count:
                     meta["hops"] = message.hop_count
+                if message.retain:
+                    meta["retain"] = True
                 if message.redelivered:
                     meta["redelivered"] = True  # see the module's docs
                 records.append(

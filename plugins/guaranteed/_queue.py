@@ -678,8 +678,9 @@ def _to_message(entry: SpoolEntry, queue: Queue) -> Message:
         origin=(origin[0], origin[1]) if _is_origin(origin) else None,
         hop_count=hops if type(hops) is int and hops > 0 else 0,
         expires_at=stored.expires_at,
-        # A topic's retained value put in one consumer's queue (see put_in_queue).
-        retain=meta.get("retained") is True,
+        # Published to be retained, or a topic's retained value put in one consumer's
+        # queue (see put_in_queue).
+        retain=meta.get("retain") is True or meta.get("retained") is True,
         retained=meta.get("retained") is True,
     )
 

@@ -587,6 +587,8 @@ class GuaranteedService(GuaranteedMessaging):
                 meta["origin"] = list(origin)
                 if message.hop_count:
                     meta["hops"] = message.hop_count
+                if message.retain:
+                    meta["retain"] = True
                 outbox.append(
                     (
                         NewMessage(
@@ -765,6 +767,8 @@ def _with_meta(
     meta["origin"] = list(origin)
     if options.get("redelivered"):  # sent again: its queues deliver it flagged
         meta["redelivered"] = True
+    if options.get("retain"):  # published to be retained: kept for retain-as-published
+        meta["retain"] = True
     return {**options, "headers": {**options["headers"], META_HEADER: meta}}
 
 

@@ -15,7 +15,8 @@ certificates and ACLs, and publish and subscribe beside native sessions:
   (``mqtt/<client id>``), so a persistent session (clean session 0, or a session
   expiry interval) gets what was published while it was away, across a restart or
   crash of a node with a data directory too; QoS 2 is granted as 1. A message
-  published at QoS 0 reaches it at QoS 0;
+  published at QoS 0 reaches it at QoS 0; a shared subscription (``$share``) is
+  granted QoS 0, as its group gets direct messages;
 * retained messages (the ``retained`` plugin), will messages (with their delay; a
   will that waits is kept with its session, so it outlives a restart or crash too),
   keepalive, session takeover, session expiry;
@@ -34,7 +35,10 @@ topic mappings, hop counting (the ``hmq-bridge-hop-count`` user property on MQTT
 counters, backoff and failover.
 
 Not done: enhanced authentication (AUTH), topic aliases from the node to the client,
-and QoS 2 to subscribers.
+QoS 2 to subscribers, QoS 1 shared subscriptions, the expiry interval of QoS 0
+messages (a direct message has none), the payload format indicator, and user
+properties kept as a list (they are headers: a key given twice keeps its last value,
+and a user property named ``content-type`` is the content type).
 """
 
 from ._bridge_link import (

@@ -100,8 +100,9 @@ class PacketReader:
         """Bytes held that are not a whole packet yet."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """The whole packets ``data`` completes, in order.
+    def feed(self, data: bytes, most: int = -1) -> list[bytes]:
+        """The whole packets ``data`` completes, in order; no more than ``most`` (when
+        given): the rest stays buffered, unread, for a later call (``feed(b"")``).
 
         :raises PacketTooLarge: a packet's fixed header says it is over :attr:`limit`.
         :raises MalformedPacket: a remaining length of more than four bytes.
@@ -111,7 +112,7 @@ class PacketReader:
         packets: list[bytes] = []
         start = 0
         end = len(buffer)
-        while end - start >= 2:
+        while end - start >= 2 and len(packets) != most:
             length = 0
             shift = 0
             at = start + 1
@@ -163,8 +164,12 @@ def _read5(data: bytes) -> Packet:
                 data[at + 2 : at + 2 + size].decode("utf-8")
             except UnicodeDecodeError:
                 raise MalformedPacket("PUBLISH topic is not UTF-8") from None
+            qos = data[0] & 0x06
+            pid = at + 2 + size  # where a QoS 1 or 2 PUBLISH has its packet identifier
+            if qos and len(data) >= pid + 2 and not (data[pid] or data[pid + 1]):
+                raise MalformedPacket("packet identifier 0", 0x82)  # MQTT-2.2.1-3
             # Properties: a zero length (the common case) is one byte to look at.
-            props = at + 2 + size + (2 if data[0] & 0x06 else 0)
+            props = at + 2 + size + (2 if qos else 0)
             if props < len(data) and data[props]:
                 _check_strings5(data, kind)
     elif kind in _CHECKED5:
@@ -206,14 +211,18 @@ def _varint(c: _Cursor) -> int:
             raise MalformedPacket("variable byte integer longer than four bytes")
 
 
-def _properties(c: _Cursor) -> None:
-    """Step over a property list, checking that every string in it is UTF-8."""
+def _properties(c: _Cursor, refused: int = -1) -> None:
+    """Step over a property list, checking that every string in it is UTF-8 (and that
+    it does not hold property ``refused``: a protocol error)."""
     length = _varint(c)
     end = c.at + length
     if end > c.end:
         raise MalformedPacket("properties longer than the packet")
     while c.at < end:
-        kind = _PROPERTIES.get(_varint(c))
+        identifier = _varint(c)
+        if identifier == refused:
+            raise MalformedPacket(f"property {identifier:#04x} is not for this packet", 0x82)
+        kind = _PROPERTIES.get(identifier)
         if kind is None:
             raise MalformedPacket("unknown property")
         if kind == _STRING:
@@ -246,18 +255,22 @@ def _check_strings5(data: bytes, kind: int) -> None:
         c.text()
         if data[0] & 0x06:
             c.u16()
-        _properties(c)
+        _properties(c, refused=0x0B)  # a client sends no subscription identifier (3.3.4-6)
     elif kind in (8, 10):  # SUBSCRIBE, UNSUBSCRIBE: filters after the properties
-        c.u16()
+        if not c.u16():
+            raise MalformedPacket("packet identifier 0", 0x82)  # MQTT-2.2.1-3
         _properties(c)
+        if c.at >= c.end:
+            raise MalformedPacket("no topic filter", 0x82)  # MQTT-3.8.3-2, 3.10.3-2
         while c.at < c.end:
             c.text()
-            if kind == 8:
-                c.byte()
+            if kind == 8 and c.byte() & 0xC0:
+                raise MalformedPacket("reserved subscription option bits set")  # 3.8.3-5
     elif kind == _CONNECT:
         c.binary()  # the protocol name (checked by read_connect)
         c.byte()
         flags = c.byte()
+        _check_connect_flags(flags)
         c.u16()
         _properties(c)
         c.text()  # the client id
@@ -274,6 +287,25 @@ def _check_strings5(data: bytes, kind: int) -> None:
             c.byte()
             if c.at < c.end:
                 _properties(c)
+
+
+def _check_connect_flags(flags: int) -> None:
+    """The rules of a CONNECT's flags both protocol levels share (MQTT-3.1.2-3, -11,
+    -13; 3.1.1 the same)."""
+    if flags & 0x01:
+        raise MalformedPacket("CONNECT reserved flag is set")
+    will_flag = bool(flags & 0x04)
+    will_qos = (flags >> 3) & 0x03
+    will_retain = bool(flags & 0x20)
+    if will_qos == 3 or (not will_flag and (will_qos or will_retain)):
+        raise MalformedPacket("CONNECT will flags are inconsistent")
+
+
+def _check_will_topic(connect: ConnectPacket) -> None:
+    """A will's topic is a topic name: not empty, no wildcard (MQTT-3.1.3-11)."""
+    will = connect.will
+    if will is not None and (not will.topic or "+" in will.topic or "#" in will.topic):
+        raise MalformedPacket(f"will topic {will.topic!r} is not a topic name", 0x90)
 
 
 # --- MQTT 3.1.1 -------------------------------------------------------------------
@@ -332,13 +364,10 @@ class _Cursor:
 def _connect311(c: _Cursor) -> ConnectPacket:
     flags = c.byte()
     keep_alive = c.u16()
-    if flags & 0x01:
-        raise MalformedPacket("CONNECT reserved flag is set")
+    _check_connect_flags(flags)
     will_flag = bool(flags & 0x04)
     will_qos = (flags >> 3) & 0x03
     will_retain = bool(flags & 0x20)
-    if will_qos == 3 or (not will_flag and (will_qos or will_retain)):
-        raise MalformedPacket("CONNECT will flags are inconsistent")
     if flags & 0x40 and not flags & 0x80:
         raise MalformedPacket("CONNECT has a password without a username")
     client_id = c.text()
@@ -514,12 +543,15 @@ def read_connect(data: bytes) -> tuple[int, ConnectPacket]:
     if name == b"MQTT" and level == MQTT_5:
         packet = _read5(data)
         assert isinstance(packet, ConnectPacket)
+        _check_will_topic(packet)
         return level, packet
     if name == b"MQTT" and level == MQTT_311:
         try:
-            return level, _connect311(c)
+            connect = _connect311(c)
         except ValueError as exc:  # a will topic the packet classes refuse
             raise MalformedPacket(str(exc) or "invalid CONNECT") from None
+        _check_will_topic(connect)
+        return level, connect
     if name in (b"MQTT", b"MQIsdp"):
         raise MalformedPacket(f"protocol level {level} is not supported", 0x84)
     raise MalformedPacket(f"protocol name {name!r} is not MQTT")

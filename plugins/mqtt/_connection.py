@@ -51,6 +51,7 @@ from meshbus import (
     Session,
     StateError,
 )
+from meshbus._profiles import check_identity
 from meshbus.abc import Flow
 from meshbus.transports import AsyncioTcpStream, write_through_of
 
@@ -192,14 +193,13 @@ class MqttConnection(Subscribing, Delivering):
                 await anyio.aclose_forcefully(self.stream)
 
     async def _first_packet(self, reader: PacketReader) -> bytes:
+        """The CONNECT. A client need not wait for the CONNACK (MQTT 3.1.4): what it
+        sent after the CONNECT stays in ``reader``, read once it is logged in, under
+        the logged-in packet size limit."""
         while True:
             data = await self.stream.receive(_READ_SIZE)
-            packets = reader.feed(data)
+            packets = reader.feed(data, most=1)
             if packets:
-                if len(packets) > 1 or reader.buffered:
-                    raise MalformedPacket(
-                        "packets sent before CONNECT was answered", PROTOCOL_ERROR
-                    )
                 return packets[0]
 
     async def _connect(self, first: bytes) -> bool:
@@ -225,6 +225,13 @@ class MqttConnection(Subscribing, Delivering):
                 self.listener.refused += 1
                 return False
             client_id = assigned = f"mqtt-{uuid.uuid4().hex[:16]}"
+        try:
+            check_identity("client id", client_id)  # it names the client's meshbus session
+        except ConfigurationError as exc:
+            log.info("MQTT login from %s refused: %s", self.peer, exc)
+            await self._write(codec.connack(False, 0x85))  # identifier not valid / rejected
+            self.listener.refused += 1
+            return False
         self.client_id = client_id
         password = connect.password
         try:
@@ -343,7 +350,7 @@ class MqttConnection(Subscribing, Delivering):
             state = self.state
             if state is not None and state.queue is not None:
                 await self._bind(tg)
-            await self._guarded(self._read, reader)
+            await self._guarded(self._read_on, reader)
         if self._failure is not None:
             raise self._failure
 
@@ -400,6 +407,13 @@ class MqttConnection(Subscribing, Delivering):
             self._ended.set()
 
     # --- reading ------------------------------------------------------------------------
+
+    async def _read_on(self, reader: PacketReader) -> None:
+        """Act on what the client sent right behind its CONNECT, then read on."""
+        pending = reader.feed(b"")
+        if pending:
+            await self._packets(pending)
+        await self._read(reader)
 
     async def _read(self, reader: PacketReader) -> None:
         stream = self.stream

@@ -31,7 +31,7 @@ log = logging.getLogger("meshbus.mqtt")
 _PERSISTENT = DeliveryMode.PERSISTENT
 _BATCH = 64  # messages written in one go, at most
 
-__all__ = ["Delivering"]
+__all__ = ["Delivering", "wild_first"]
 
 
 class Delivering(Parts):
@@ -55,6 +55,20 @@ class Delivering(Parts):
         own way, deliver it through t/a only). Decided as it is delivered: direct
         messages wait in a short buffer only."""
         return self._no_local(message.sender, message.topic, False)
+
+    def _hidden(self, topic: str, queued: bool) -> bool:
+        """Whether a message to a ``$`` topic came only through subscriptions whose
+        filters start with a wildcard (``#``, ``+/x``), which match no such topic in
+        MQTT (MQTT-4.7.2-1), though they do in meshbus; called for ``$`` topics only."""
+        state = self.state
+        if state is None:
+            return False
+        for s in state.subscriptions.values():
+            if s.queued == queued:
+                for f in s.filters:
+                    if filter_matches(_shared_filter(f), topic) and not wild_first(f):
+                        return False
+        return True
 
     def _no_local_out(self, endpoint: str, topic: str) -> bool:
         """The session's :attr:`~meshbus.Session.leaves_out`: the client's own message
@@ -169,6 +183,8 @@ class Delivering(Parts):
                 return
             if self._special and self._skip(message):
                 return
+            if message.topic[0] == "$" and self._hidden(message.topic, False):
+                return
             try:
                 data = self._encode(message, 0, None, self._retain_flag(message))
             except Exception:  # the buffered path meets it again and ends the connection
@@ -228,6 +244,8 @@ class Delivering(Parts):
                 for each in batch:
                     if self._special and self._skip(each):
                         continue
+                    if each.topic[0] == "$" and self._hidden(each.topic, False):
+                        continue
                     data = self._encode(each, 0, None, self._retain_flag(each))
                     if limit is not None and len(data) > limit:
                         self.listener.too_large += 1
@@ -267,7 +285,13 @@ class Delivering(Parts):
 
     def _queued_packet(self, flow: Flow, message: Message) -> bytes | None:
         """The PUBLISH that carries ``message`` to the client, or ``None`` when it is
-        not sent (no-local, too large); a QoS 1 one waits for its PUBACK in flight."""
+        not sent (no-local, too large, a ``$`` topic); a QoS 1 one waits for its PUBACK
+        in flight."""
+        if message.topic[0] == "$" and self._hidden(message.topic, True):
+            flow.ack(message)
+            if self.state is not None and message.message_id is not None:
+                self.state.release_id(message.message_id)
+            return None
         if message.delivery_mode is _PERSISTENT:
             state = self.state
             spool_id = message.message_id
@@ -312,6 +336,14 @@ class Delivering(Parts):
             self._next_id = self._next_id % 65535 + 1
             if self._next_id not in inflight and self._next_id not in reserved:
                 return self._next_id
+
+
+def wild_first(meshbus_filter: str) -> bool:
+    """Whether an MQTT subscription's meshbus filter starts with a wildcard level
+    (``#`` is ``>``, ``+`` is ``*``; a shared one's own filter counts), so that in MQTT
+    it matches no topic starting with ``$`` (MQTT-4.7.2-1)."""
+    meshbus_filter = _shared_filter(meshbus_filter)
+    return meshbus_filter[:1] in ("*", ">") and meshbus_filter[1:2] in ("", "/")
 
 
 def _shared_filter(topic_filter: str) -> str:

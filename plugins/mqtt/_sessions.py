@@ -237,7 +237,7 @@ class SessionRegistry:
         service: Any = self.node.guaranteed
         limit = {} if session.queue_limit is None else {"max_messages": session.queue_limit}
         try:
-            service.create_queue(name, vpn=session.vpn, **limit)
+            service.create_queue(name, vpn=session.vpn, respect_ttl=True, **limit)
         except StateError:  # the configuration has one of that name
             service.queue(name, vpn=session.vpn)
         session.queue = name
@@ -284,7 +284,10 @@ class SessionRegistry:
             name = queue_name(session.client_id)
             service: Any = self.node.guaranteed
             try:
-                queue = service.create_queue(name, vpn=session.vpn, max_messages=max_messages)
+                # Messages past their expiry interval are not sent (MQTT-3.3.2-5).
+                queue = service.create_queue(
+                    name, vpn=session.vpn, max_messages=max_messages, respect_ttl=True
+                )
             except StateError:  # one this node made before, with other settings
                 queue = service.queue(name, vpn=session.vpn)
             session.queue = name

@@ -22,6 +22,7 @@ from meshbus import (
     from_mqtt_filter,
 )
 
+from ._delivering import wild_first
 from ._parts import Parts
 from ._reasons import (
     NO_SUBSCRIPTION,
@@ -62,10 +63,14 @@ class Subscribing(Parts):
         identifier = getattr(packet, "subscription_id", None) if codec.v5 else None
         for wanted in packet.topic_filters:
             try:
+                filters = from_mqtt_filter(wanted.pattern)
+                # A shared subscription delivers what its group is given as direct
+                # messages: QoS 0 is what it grants (MQTT-3.8.4-8), not more.
+                shared = filters[0].startswith("#share/")
                 sub = Subscribed(
                     wanted.pattern,
-                    min(int(wanted.max_qos), 1),
-                    from_mqtt_filter(wanted.pattern),
+                    0 if shared else min(int(wanted.max_qos), 1),
+                    filters,
                     bool(wanted.no_local),
                     bool(wanted.retain_as_published) and codec.v5,
                     identifier,
@@ -170,6 +175,8 @@ class Subscribing(Parts):
         found: list[Message] = []
         for each in sub.filters:
             for message in store.matching(each):
+                if message.topic[0] == "$" and wild_first(each):
+                    continue  # MQTT-4.7.2-1: a filter that starts with a wildcard
                 if message.topic not in seen:
                     seen.add(message.topic)
                     found.append(message)
