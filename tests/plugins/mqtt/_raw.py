@@ -3,6 +3,7 @@ in one write, no acknowledgement unless told) and look at each packet the node w
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import anyio
@@ -40,6 +41,14 @@ class Raw:
 
     def payloads(self) -> list[bytes]:
         return [p.payload for p in self.packets if type(p) is mqtt5.PublishPacket]
+
+    async def to_the_end(self) -> list[Any]:
+        """Every packet the node writes until it closes the connection (which it must
+        do within 5 s); the stream is closed after."""
+        async with self.stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await self.read_until(lambda: False, timeout=5)
+        return self.packets
 
 
 async def login(port: int, connect: bytes = CONNECT_5) -> Raw:

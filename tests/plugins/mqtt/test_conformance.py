@@ -6,7 +6,6 @@ closes its connection, as MQTT asks)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -38,14 +37,6 @@ def connect(client_id: str, **options: Any) -> bytes:
 def subscribe(packet_id: int, *filters: tuple[str, int], **options: Any) -> bytes:
     chosen = [TopicFilter(f, max_qos=QoS(q), **options) for f, q in filters]
     return mqtt5.SubscribePacket(packet_id, chosen).write()
-
-
-async def until_closed(client: Raw) -> list[Any]:
-    """Every packet the node writes until it closes the connection."""
-    async with client.stream:
-        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
-            await client.read_until(lambda: False, timeout=5)
-    return client.packets
 
 
 # --- a client need not wait for CONNACK (MQTT 3.1.4) -----------------------------------
@@ -228,7 +219,7 @@ async def test_a_connect_that_breaks_the_rules_is_not_accepted(
 ) -> None:
     client = Raw(await anyio.connect_tcp("127.0.0.1", listener.port))
     await client.stream.send(sent)
-    assert await until_closed(client) == []
+    assert await client.to_the_end() == []
     assert listener.statistics().logins == 0
 
 
@@ -262,7 +253,7 @@ async def test_a_packet_that_breaks_the_rules_closes_the_connection(
 ) -> None:
     client = await login(listener.port, connect("breaker"))
     await client.stream.send(sent)
-    packets = await until_closed(client)
+    packets = await client.to_the_end()
     assert [(type(p), p.reason_code) for p in packets] == [(mqtt5.DisconnectPacket, reason)]
 
 

@@ -14,24 +14,9 @@ from meshbus.plugins.mqtt import MqttListenerSettings, start_mqtt_listener
 
 from ._clients import V5, Paho
 from ._packets import CONNECT_311
-from ._raw import Raw, login
+from ._raw import login
 
 pytestmark = pytest.mark.anyio
-
-
-async def rest_of(client: Raw) -> list[object]:
-    """Every packet the node writes until it closes the connection."""
-    closed = False
-
-    def ended() -> bool:
-        return closed
-
-    async with client.stream:
-        try:
-            await client.read_until(ended, timeout=5)
-        except (anyio.EndOfStream, anyio.BrokenResourceError):
-            closed = True
-    return client.packets
 
 
 async def test_a_stopping_node_says_goodbye_to_mqtt_5_clients() -> None:
@@ -41,7 +26,7 @@ async def test_a_stopping_node_says_goodbye_to_mqtt_5_clients() -> None:
         old = await anyio.connect_tcp("127.0.0.1", listener.port)
         await old.send(CONNECT_311)
         assert await old.receive() == b"\x20\x02\x00\x00"  # CONNACK, accepted
-    packets = await rest_of(client)
+    packets = await client.to_the_end()
     assert [(type(p), p.reason_code) for p in packets] == [  # type: ignore[attr-defined]
         (mqtt5.DisconnectPacket, 0x8B)
     ]
@@ -56,7 +41,7 @@ async def test_a_closed_listener_says_goodbye_and_the_node_serves_on() -> None:
         other = await start_mqtt_listener(node, MqttListenerSettings(port=0))
         client = await login(listener.port)
         await listener.aclose()
-        packets = await rest_of(client)
+        packets = await client.to_the_end()
         assert [(type(p), p.reason_code) for p in packets] == [  # type: ignore[attr-defined]
             (mqtt5.DisconnectPacket, 0x8B)
         ]

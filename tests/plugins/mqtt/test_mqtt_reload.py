@@ -19,7 +19,6 @@ from meshbus.plugins.mqtt import MqttListenerSettings, listeners_of, start_mqtt_
 
 from ._clients import V5, Paho
 from ._raw import login
-from .test_goodbye import rest_of
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +67,7 @@ async def test_listeners_open_close_and_reopen_on_a_reload(tmp_path: Path) -> No
         assert await reload_node(node, running, new) == ["mqtt: changed"]
 
         for client in (moved, dropped):
-            packets = await rest_of(client)
+            packets = await client.to_the_end()
             assert [(type(p), p.reason_code) for p in packets] == [  # type: ignore[attr-defined]
                 (mqtt5.DisconnectPacket, 0x8B)
             ]
