@@ -39,6 +39,7 @@ from ._profiles import (
     AclProfile,
     ClientProfile,
     ClientUsername,
+    check_identity,
     hash_password,
     verify_password,
 )
@@ -154,6 +155,7 @@ __all__ = [
     "filters_overlap",
     "from_mqtt_filter",
     "is_wildcard_filter",
+    "check_identity",
     "hash_password",
     "hookimpl",
     "hookspec",

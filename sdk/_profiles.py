@@ -228,7 +228,14 @@ _IDENTITY_FORBIDDEN = frozenset("/*>#\x00")
 
 
 def check_identity(kind: str, value: object) -> str:
-    """Validate a username or client name; ACL substitution relies on it being one literal level."""
+    """Check that ``value`` can be a username or client name (``kind`` says which, in
+    the error) and return it: a non-empty string of at most 189 characters without
+    ``/``, ``*``, ``>``, ``#`` or NUL, since ACL substitution puts it in a topic as one
+    literal level. A plugin that takes names from another protocol (an MQTT client
+    id) checks them with it before a login.
+
+    :raises ConfigurationError: it cannot be one, and why.
+    """
     if not isinstance(value, str) or not value or len(value) > 189:
         raise ConfigurationError(f"{kind} must be a non-empty str of at most 189 characters")
     bad = _IDENTITY_FORBIDDEN.intersection(value)

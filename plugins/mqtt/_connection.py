@@ -50,8 +50,8 @@ from meshbus import (
     PublishRejectedError,
     Session,
     StateError,
+    check_identity,
 )
-from meshbus._profiles import check_identity
 from meshbus.abc import Flow
 from meshbus.transports import AsyncioTcpStream, write_through_of
 
