@@ -171,11 +171,17 @@ def _clash(settings: MqttListenerSettings, others: list[tuple[str, int, str]]) -
     if not settings.port:
         return None  # a free port each: never the same
     for host, port, what in others:
-        if port != settings.port:
-            continue
-        if host == settings.host or host in _ANY_HOST or settings.host in _ANY_HOST:
+        if _overlap(settings, host, port):
             return f"{settings.host}:{settings.port} is used twice ({what} listens there too)"
     return None
+
+
+def _overlap(settings: MqttListenerSettings, host: str, port: int) -> bool:
+    """Whether ``settings`` listens where ``host:port`` is: the same port on the same
+    host, or on hosts that overlap (an address and a wildcard)."""
+    if port != settings.port:
+        return False
+    return host == settings.host or host in _ANY_HOST or settings.host in _ANY_HOST
 
 
 def _configure(node: Node, settings: tuple[MqttListenerSettings, ...]) -> None:
@@ -203,9 +209,8 @@ def _reload(
     another listener), new ones open, and a listener whose settings changed does
     both. Listeners opened through the API are left alone. Checked first: the VPNs
     exist, and a new listener's port is free (or freed by a listener that closes)."""
-    before, after = list(old or ()), list(new or ())
-    gone = [s for s in before if not _take(after[:], s)]
-    come = [s for s in after if not _take(before[:], s)]
+    after = list(new or ())
+    gone, come = _minus(list(old or ()), after), _minus(after, list(old or ()))
     running = listeners_of(node)
     closing: list[MqttListener] = []
     for settings in gone:
@@ -213,13 +218,15 @@ def _reload(
         if match is not None:
             closing.append(match)
     problems = []
+    unchecked = list(come)
     for i, settings in enumerate(after):
-        if settings not in come:
+        if settings not in unchecked:
             continue
+        unchecked.remove(settings)
         where = f"listeners[{i}]"
         if settings.vpn not in node.vpns:
             problems.append(f"{where}: no VPN named {settings.vpn!r}")
-        freed = any(_same_port(x.settings, settings) for x in closing)
+        freed = any(_overlap(x.settings, settings.host, settings.port) for x in closing)
         if settings.port and not freed:
             why = _bind_problem(settings.host, settings.port)
             if why is not None:
@@ -236,16 +243,18 @@ def _reload(
     return apply
 
 
-def _take(items: list[MqttListenerSettings], settings: MqttListenerSettings) -> bool:
-    """Whether ``items`` holds ``settings`` (one of equal ones is taken out)."""
-    if settings in items:
-        items.remove(settings)
-        return True
-    return False
-
-
-def _same_port(a: MqttListenerSettings, b: MqttListenerSettings) -> bool:
-    return a.port == b.port and (a.host == b.host or a.host in _ANY_HOST or b.host in _ANY_HOST)
+def _minus(
+    items: list[MqttListenerSettings], others: list[MqttListenerSettings]
+) -> list[MqttListenerSettings]:
+    """``items`` without ``others``, counted one by one (two equal listeners are two)."""
+    left = list(others)
+    kept = []
+    for each in items:
+        if each in left:
+            left.remove(each)
+        else:
+            kept.append(each)
+    return kept
 
 
 def _bind_problem(host: str, port: int) -> str | None:

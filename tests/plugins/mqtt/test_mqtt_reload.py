@@ -113,3 +113,17 @@ async def test_a_taken_port_refuses_the_reload_and_changes_nothing(tmp_path: Pat
     (problem,) = caught.value.problems
     assert problem.startswith(f"edge.toml: mqtt.listeners[1].port: 127.0.0.1:{taken}: ")
     assert "in use" in problem
+
+
+async def test_equal_listeners_are_counted_one_by_one(tmp_path: Path) -> None:
+    # Two listeners with the same settings (a free port each), then one: one closes.
+    twice = "[[mqtt.listeners]]\nport = 0\n" * 2
+    running, new = config(tmp_path, twice), config(tmp_path, "[[mqtt.listeners]]\nport = 0\n")
+    node = running.build_node()
+    async with node:
+        await running.provision(node)
+        assert len(listeners_of(node)) == 2
+        assert await reload_node(node, running, new) == ["mqtt: changed"]
+        assert len(listeners_of(node)) == 1
+        assert await reload_node(node, new, running) == ["mqtt: changed"]
+        assert len(listeners_of(node)) == 2
