@@ -15,8 +15,16 @@ certificates and ACLs, and publish and subscribe beside native sessions:
   (``mqtt/<client id>``), so a persistent session (clean session 0, or a session
   expiry interval) gets what was published while it was away, across a restart or
   crash of a node with a data directory too; QoS 2 is granted as 1. A message
-  published at QoS 0 reaches it at QoS 0; a shared subscription (``$share``) is
-  granted QoS 0, as its group gets direct messages;
+  published at QoS 0 reaches it at QoS 0;
+* a shared subscription (``$share/<name>/<filter>``) makes the session a member of
+  a group that lives while one session, connected or not, is a member. The group's
+  first member decides what it is: at QoS 1, a non-exclusive queue
+  (``mqtt-share/<name>/<filter>``) that each connected member reads from, so each
+  message reaches one member at least once, waits while none is connected, and goes
+  to another member when the one it was sent to goes away without acknowledging
+  it; at QoS 0, a meshbus shared subscription (each message to one member, at most
+  once), which native sessions can join. A member is granted what its group
+  delivers;
 * retained messages (the ``retained`` plugin), will messages (with their delay; a
   will that waits is kept with its session, so it outlives a restart or crash too),
   keepalive, session takeover, session expiry;
@@ -35,7 +43,7 @@ topic mappings, hop counting (the ``hmq-bridge-hop-count`` user property on MQTT
 counters, backoff and failover.
 
 Not done: enhanced authentication (AUTH), topic aliases from the node to the client,
-QoS 2 to subscribers, QoS 1 shared subscriptions, the expiry interval of QoS 0
+QoS 2 to subscribers, the expiry interval of QoS 0
 messages (a direct message has none), the payload format indicator, and user
 properties kept as a list (they are headers: a key given twice keeps its last value,
 and a user property named ``content-type`` is the content type).

@@ -141,6 +141,9 @@ class MqttConnection(Subscribing, Delivering):
         self._room = anyio.Event()
         self._commit_lock = anyio.Lock()
         self._inflight: dict[int, Message] = {}
+        self._shares: dict[str, Flow] = {}
+        self._share_ids: dict[int, Flow] = {}
+        self._out_room: anyio.Event | None = None
         #: Spool ids of retained values put in the queue, written to the client as they
         #: go out, and the event set once none is left (see Subscribing._send_retained).
         self._retained_due: tuple[set[int], anyio.Event] | None = None
@@ -325,7 +328,7 @@ class MqttConnection(Subscribing, Delivering):
         session = self.session
         assert session is not None
         for sub in state.subscriptions.values():  # QoS 0 ones are this connection's own
-            if not sub.queued:
+            if sub.direct:
                 for each in sub.filters:
                     session.subscribe(each)
         self._special = state.special
@@ -350,6 +353,10 @@ class MqttConnection(Subscribing, Delivering):
             state = self.state
             if state is not None and state.queue is not None:
                 await self._bind(tg)
+            if state is not None:
+                for sub in list(state.subscriptions.values()):
+                    if sub.share_queue is not None and sub.share_queue not in self._shares:
+                        await self._bind_share(tg, sub.share_queue)
             await self._guarded(self._read_on, reader)
         if self._failure is not None:
             raise self._failure
@@ -373,12 +380,14 @@ class MqttConnection(Subscribing, Delivering):
                 flow, self.flow = self.flow, None
                 with suppress(MeshbusError):
                     await flow.unbind()
+            for queue in list(self._shares):
+                await self._unbind_share(queue)
             if state is None or state.connection is not self:
                 return
             state.connection = None
             if session is not None and not session.closed:
                 for sub in state.subscriptions.values():
-                    if not sub.queued:
+                    if sub.direct:
                         for each in sub.filters:
                             session.unsubscribe(each)
             registry = self.listener.registry
@@ -604,9 +613,19 @@ class MqttConnection(Subscribing, Delivering):
     def _acked(self, packet: PubAckPacket) -> None:
         """The client's PUBACK: the message it acknowledges leaves the queue."""
         message = self._inflight.pop(packet.packet_id, None)
-        if message is not None and self.state is not None and message.message_id is not None:
+        if message is None:
+            return
+        self._wake_room()
+        if self._share_ids:
+            share_flow = self._share_ids.pop(packet.packet_id, None)
+            if share_flow is not None:
+                # Unbound meanwhile (its subscription went): the queue has it back.
+                with suppress(MeshbusError):
+                    share_flow.ack(message)
+                return
+        if self.state is not None and message.message_id is not None:
             self.state.release_id(message.message_id)
-        if message is not None and self.flow is not None:
+        if self.flow is not None:
             # Gone from the flow meanwhile (its session's queue was deleted while a
             # new connection took the client id over): a late PUBACK, nothing to do.
             with suppress(StateError):

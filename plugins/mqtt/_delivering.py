@@ -4,6 +4,7 @@ no more of them in flight than the client's receive maximum."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -25,6 +26,7 @@ from ._reasons import (
     SESSION_TAKEN_OVER,
     Closed,
 )
+from ._sessions import Subscribed
 from ._translate import v5_properties
 
 log = logging.getLogger("meshbus.mqtt")
@@ -44,9 +46,58 @@ class Delivering(Parts):
         assert state is not None
         assert session is not None
         assert state.queue is not None
-        window = min(self.settings.max_inflight, self.client_receive_max)
-        self.flow = await session.bind(state.queue, window=window)
+        self.flow = await session.bind(state.queue, window=self._window())
         tg.start_soon(self._guarded, self._deliver_queued, self.flow)
+
+    def _window(self) -> int:
+        """The most QoS 1 messages in flight to the client: what it and the listener
+        allow."""
+        allowed: int = self.settings.max_inflight
+        return min(allowed, self.client_receive_max)
+
+    async def _bind_share(self, tg: anyio.abc.TaskGroup, queue: str) -> None:
+        """Bind a flow to a share group's queue and deliver from it: the queue hands
+        each message to one of the group's connected members."""
+        session = self.session
+        assert session is not None
+        flow = await session.bind(queue, window=self._window())
+        self._shares[queue] = flow
+
+        async def deliver() -> None:
+            with contextlib.suppress(_Unbound):  # its subscription went: the connection stays
+                await self._guarded(self._deliver_shared, flow, queue)
+
+        tg.start_soon(deliver)
+
+    async def _unbind_share(self, queue: str) -> None:
+        """Stop delivering from a share group's queue: what the client has not
+        acknowledged goes back to the queue, for another member. Its deliverer ends
+        when it next meets the flow, never in the middle of a write."""
+        flow = self._shares.pop(queue, None)
+        if flow is not None:
+            self._wake_room()  # a deliverer waiting for room in the window sees it too
+            with contextlib.suppress(MeshbusError):  # the queue is gone already
+                await flow.unbind()
+
+    async def _window_room(self, queue: str | None = None) -> None:
+        """Wait until the client's window has room, when flows of share groups' queues
+        fill it too (a flow's own window bounds only what comes through it); for the
+        deliverer of ``queue``, :class:`_Unbound` once it is unbound."""
+        window = self._window()
+        while self._shares and len(self._inflight) >= window:
+            if queue is not None and queue not in self._shares:
+                raise _Unbound
+            if self._out_room is None:
+                self._out_room = anyio.Event()
+            await self._out_room.wait()
+        if queue is not None and queue not in self._shares:
+            raise _Unbound
+
+    def _wake_room(self) -> None:
+        room = self._out_room
+        if room is not None:
+            self._out_room = None
+            room.set()
 
     def _skip(self, message: Message) -> bool:
         """Whether no-local keeps the direct ``message`` (QoS 0) from the client (only
@@ -64,7 +115,7 @@ class Delivering(Parts):
         if state is None:
             return False
         for s in state.subscriptions.values():
-            if s.queued == queued:
+            if s.queued if queued else s.direct:
                 for f in s.filters:
                     if filter_matches(_shared_filter(f), topic) and not wild_first(f):
                         return False
@@ -88,8 +139,8 @@ class Delivering(Parts):
         matching = [  # shared subscriptions take no no-local: they are left out
             s
             for s in self.state.subscriptions.values()
-            if s.queued == queued
-            and not s.filters[0].startswith("#share/")
+            if (s.queued if queued else s.direct)
+            and not s.shared
             and any(filter_matches(f, topic) for f in s.filters)
         ]
         return bool(matching) and all(s.no_local for s in matching)
@@ -114,7 +165,7 @@ class Delivering(Parts):
             s.identifier
             for s in state.subscriptions.values()
             if s.identifier is not None
-            and s.queued == queued
+            and (s.queued if queued else s.direct)
             and any(filter_matches(_shared_filter(f), topic) for f in s.filters)
         }
         return sorted(found)
@@ -260,15 +311,21 @@ class Delivering(Parts):
     async def _deliver_queued(self, flow: Flow) -> None:
         """Send the queue's messages as the flow hands them out: what it holds already
         goes in one write with the first (up to :data:`_BATCH`), not a write each."""
+        inflight, window = self._inflight, self._window()
         while True:
             try:
                 each: Message | None = await flow.receive()
+                if self._shares:
+                    # Held until the client's window has room (a flow of a share
+                    # group may have filled it while this one waited for a message).
+                    await self._window_room()
                 out: list[bytes] = []
                 while each is not None:
                     data = self._queued_packet(flow, each)
                     if data is not None:
                         out.append(data)
-                    each = flow.receive_nowait() if len(out) < _BATCH else None
+                    more = len(out) < _BATCH and (not self._shares or len(inflight) < window)
+                    each = flow.receive_nowait() if more else None
             except (MeshbusError, StopAsyncIteration):
                 raise Closed(
                     "the queue's flow was closed by the node", SERVER_SHUTTING_DOWN
@@ -282,6 +339,66 @@ class Delivering(Parts):
                     if not due[0]:
                         due[1].set()
             self._written_ids.clear()
+
+    async def _deliver_shared(self, flow: Flow, queue: str) -> None:
+        """Send the messages a share group's queue hands this member, at the QoS of the
+        member's subscription."""
+        inflight, window = self._inflight, self._window()
+        while True:
+            try:
+                each: Message | None = await flow.receive()
+                await self._window_room(queue)  # held until the client's window has room
+                sub = self._share_subscription(queue)
+                out: list[bytes] = []
+                while each is not None:
+                    data = self._shared_packet(flow, sub, each)
+                    if data is not None:
+                        out.append(data)
+                    more = len(out) < _BATCH and len(inflight) < window
+                    each = flow.receive_nowait() if more else None
+            except (MeshbusError, StopAsyncIteration):
+                if queue not in self._shares:
+                    raise _Unbound from None
+                raise Closed(
+                    "the share group's flow was closed by the node", SERVER_SHUTTING_DOWN
+                ) from None
+            if out:
+                self.listener.sent += len(out)
+                await self._write(b"".join(out))
+
+    def _share_subscription(self, queue: str) -> Subscribed | None:
+        state = self.state
+        if state is not None:
+            for sub in state.subscriptions.values():
+                if sub.share_queue == queue:
+                    return sub
+        return None
+
+    def _shared_packet(self, flow: Flow, sub: Subscribed | None, message: Message) -> bytes | None:
+        """The PUBLISH that carries a share group's ``message`` to this member, or
+        ``None`` when it is not sent (too large, a ``$`` topic a filter that starts with
+        a wildcard does not match); a QoS 1 one waits for its PUBACK in flight. Its
+        packet id is not kept with the session: should the member go away, the queue
+        hands the message to another."""
+        if sub is None or (message.topic[0] == "$" and wild_first(sub.filters[0])):
+            flow.ack(message)  # unsubscribed meanwhile; or MQTT-4.7.2-1
+            return None
+        retain = message.retained or (message.retain and sub.retain_as_published)
+        ids = [] if sub.identifier is None else [sub.identifier]
+        qos = 1 if sub.qos and message.delivery_mode is _PERSISTENT else 0
+        packet_id = self._packet_id() if qos else None
+        data = self._encode(message, qos, packet_id, retain, ids=ids)
+        limit = self.client_max_packet
+        if limit is not None and len(data) > limit:
+            self.listener.too_large += 1
+            flow.ack(message)
+            return None
+        if packet_id is None:
+            flow.ack(message)
+        else:
+            self._inflight[packet_id] = message
+            self._share_ids[packet_id] = flow
+        return data
 
     def _queued_packet(self, flow: Flow, message: Message) -> bytes | None:
         """The PUBLISH that carries ``message`` to the client, or ``None`` when it is
@@ -336,6 +453,10 @@ class Delivering(Parts):
             self._next_id = self._next_id % 65535 + 1
             if self._next_id not in inflight and self._next_id not in reserved:
                 return self._next_id
+
+
+class _Unbound(Exception):
+    """The flow of a share group's queue was unbound as its subscription went."""
 
 
 def wild_first(meshbus_filter: str) -> bool:

@@ -43,6 +43,11 @@ class Parts:
     client_receive_max: int
     _special: bool
     _inflight: dict[int, Message]
+    #: The flows bound to share groups' queues, by queue; and the flow of each QoS 1
+    #: message in flight from one of them.
+    _shares: dict[str, Flow]
+    _share_ids: dict[int, Flow]
+    _out_room: anyio.Event | None  # set when an ack makes room in the client's window
     _retained_due: tuple[set[int], anyio.Event] | None  # see Subscribing._until_written
     _written_ids: list[int]
     _next_id: int
@@ -56,4 +61,7 @@ class Parts:
     _write: Callable[[bytes], Awaitable[None]]
     _guarded: Callable[..., Coroutine[Any, Any, None]]
     _bind: Callable[[anyio.abc.TaskGroup], Awaitable[None]]
+    _bind_share: Callable[[anyio.abc.TaskGroup, str], Awaitable[None]]
+    _unbind_share: Callable[[str], Awaitable[None]]
+    _wake_room: Callable[[], None]
     _encode: Callable[..., bytes]  # (message, qos, packet id, retain, *, queued, ids)

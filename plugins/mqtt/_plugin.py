@@ -100,6 +100,13 @@ def meshbus_vpn_statistics(vpn: Vpn) -> dict[str, Any] | None:
             "expired_sessions": registry.expired,
             "waiting_wills": sum(1 for s in sessions if s.will is not None and not s.connection),
             "delayed_wills": registry.delayed_wills,
+            # Share groups: each a meshbus shared subscription, or a queue ("queued").
+            "share_groups": sum(1 for vpn_name, _ in registry.shares if vpn_name == vpn.name),
+            "queued_share_groups": sum(
+                1
+                for (vpn_name, _), group in registry.shares.items()
+                if vpn_name == vpn.name and group.queue is not None
+            ),
         }
     }
 

@@ -28,11 +28,16 @@ from meshbus import write_json_atomically
 
 from ._wills import PendingWill
 
-__all__ = ["SavedSession", "SessionFiles"]
+__all__ = ["SavedSession", "SavedSubscription", "SessionFiles"]
 
 log = logging.getLogger("meshbus.mqtt")
 
 VERSION = 1
+
+#: A subscription as its file keeps it: (MQTT filter, QoS, meshbus filters, no-local,
+#: retain-as-published, subscription identifier, the queue of its share group and
+#: that queue's max_messages); the fields of :class:`~._sessions.Subscribed`.
+SavedSubscription = tuple[str, int, tuple[str, ...], bool, bool, int | None, str | None, int | None]
 
 
 class SavedSession:
@@ -59,7 +64,7 @@ class SavedSession:
         queue: str | None,
         queue_limit: int | None,
         offline_since: float | None,
-        subscriptions: list[tuple[str, int, tuple[str, ...], bool, bool, int | None]],
+        subscriptions: list[SavedSubscription],
         packet_ids: dict[int, int] | None = None,
         will: PendingWill | None = None,
         received: list[int] | None = None,
@@ -70,8 +75,7 @@ class SavedSession:
         self.queue = queue
         self.queue_limit = queue_limit
         self.offline_since = offline_since
-        #: (MQTT filter, QoS, meshbus filters, no-local, retain-as-published,
-        #: subscription identifier)
+        #: See :data:`SavedSubscription`.
         self.subscriptions = subscriptions
         #: The packet id each queued message was last sent with (by spool id).
         self.packet_ids = packet_ids or {}
@@ -97,8 +101,12 @@ class SavedSession:
                     "no_local": no_local,
                     "retain_as_published": rap,
                     "identifier": identifier,
+                    "share_queue": share,
+                    "share_limit": share_limit,
                 }
-                for mqtt_filter, qos, filters, no_local, rap, identifier in self.subscriptions
+                for mqtt_filter, qos, filters, no_local, rap, identifier, share, share_limit in (
+                    self.subscriptions
+                )
             ],
             "packet_ids": [[spool_id, pid] for spool_id, pid in self.packet_ids.items()],
             "will": None if self.will is None else self.will.to_json(),
@@ -143,6 +151,8 @@ class SavedSession:
                 or not isinstance(sub.get("no_local"), bool)
                 or not isinstance(sub.get("retain_as_published"), bool)
                 or not _identifier(sub.get("identifier"))
+                or not _share_queue(sub.get("share_queue"), filters)
+                or not (sub.get("share_limit") is None or _count(sub.get("share_limit")))
             ):
                 raise ValueError(f"bad subscription {sub!r}")
             subscriptions.append(
@@ -153,6 +163,8 @@ class SavedSession:
                     sub["no_local"],
                     sub["retain_as_published"],
                     sub.get("identifier"),  # absent in files from before identifiers
+                    sub.get("share_queue"),  # absent in files from before QoS 1 groups
+                    sub.get("share_limit"),
                 )
             )
         pairs = raw.get("packet_ids", [])
@@ -181,6 +193,13 @@ class SavedSession:
         return cls(
             vpn, client_id, expiry, queue, limit, since, subscriptions, packet_ids, will, received
         )
+
+
+def _share_queue(value: object, filters: list[str]) -> bool:
+    """A share group's queue: only for a shared subscription."""
+    if value is None:
+        return True
+    return isinstance(value, str) and bool(value) and filters[0].startswith("#share/")
 
 
 def _text(raw: dict[str, Any], key: str) -> str:

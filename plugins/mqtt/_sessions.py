@@ -8,6 +8,15 @@ connection opens; its QoS 1 ones are subscriptions of a queue of its own
 (``mqtt/<client id>``), so messages published while it is away wait there and
 reach it when it comes back. On a node with a data directory a persistent session is
 kept on disk too (:mod:`._saved_sessions`), and comes back when the node restarts.
+
+A shared subscription (``$share/<name>/<filter>``) makes the session a member of a
+group, which the node keeps as long as one session, connected or not, is a member
+(:class:`ShareGroup`). The group's first member decides what it is: at QoS 0, a
+meshbus shared subscription (each message to one member's session, at most once);
+at QoS 1, a non-exclusive queue of its own (:func:`share_queue_name`) to which each
+connected member binds a flow, so that each message reaches one member at least
+once, waits while no member is connected, and goes to another member when the one
+it was sent to goes away without acknowledging it.
 """
 
 from __future__ import annotations
@@ -28,7 +37,14 @@ from ._wills import PendingWill, publish_will
 if TYPE_CHECKING:
     from ._connection import MqttConnection
 
-__all__ = ["MqttSession", "SessionRegistry", "Subscribed", "queue_name"]
+__all__ = [
+    "MqttSession",
+    "SessionRegistry",
+    "ShareGroup",
+    "Subscribed",
+    "queue_name",
+    "share_queue_name",
+]
 
 log = logging.getLogger("meshbus.mqtt")
 
@@ -53,11 +69,26 @@ class Subscribed:
     identifier: int | None = None
     """MQTT 5: the subscription identifier the client gave, sent back with each message
     it matches."""
+    share_queue: str | None = None
+    """A shared subscription whose group is a queue (QoS 1): the queue's name."""
+    share_limit: int | None = None
+    """And the most messages that queue holds (made again so after a restart)."""
 
     @property
     def queued(self) -> bool:
         """Whether it is a subscription of the session's queue (QoS 1, not shared)."""
         return self.qos > 0 and not self.filters[0].startswith("#share/")
+
+    @property
+    def shared(self) -> bool:
+        """Whether it is a shared subscription (``$share/...``)."""
+        return self.filters[0].startswith("#share/")
+
+    @property
+    def direct(self) -> bool:
+        """Whether it is a subscription of the connection's meshbus session: QoS 0, or
+        shared in a group that takes direct messages."""
+        return not self.queued and self.share_queue is None
 
 
 def queue_name(client_id: str) -> str:
@@ -66,6 +97,30 @@ def queue_name(client_id: str) -> str:
     if client_id and len(client_id) <= 160 and not any(c in client_id for c in "*>\x00#"):
         return f"mqtt/{client_id}"
     return "mqtt/~" + hashlib.sha256(client_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def share_queue_name(mqtt_filter: str) -> str:
+    """The queue of a QoS 1 share group, ``$share/<name>/<filter>``:
+    ``mqtt-share/<name>/<filter>``, or a digest when that is too long for a queue name
+    (an MQTT filter holds no ``*`` or ``>``)."""
+    name = "mqtt-share/" + mqtt_filter[len("$share/") :]
+    if len(name) <= 200 and "\x00" not in name:
+        return name
+    return "mqtt-share/~" + hashlib.sha256(mqtt_filter.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@attrs.define
+class ShareGroup:
+    """One ``$share/<name>/<filter>`` of a VPN, and the sessions that are its members."""
+
+    queue: str | None
+    """Its queue (a group that started at QoS 1), or ``None``: a meshbus shared
+    subscription of each member's session."""
+    limit: int | None = None
+    """The most messages its queue holds: the ``max_queued_messages`` of the listener
+    of its first member."""
+    members: set[str] = attrs.Factory(set)
+    """The client ids of the sessions that have it, connected or not."""
 
 
 class MqttSession:
@@ -122,7 +177,16 @@ class MqttSession:
     def saved(self) -> SavedSession:
         """What its file keeps."""
         subscriptions = [
-            (s.mqtt_filter, s.qos, s.filters, s.no_local, s.retain_as_published, s.identifier)
+            (
+                s.mqtt_filter,
+                s.qos,
+                s.filters,
+                s.no_local,
+                s.retain_as_published,
+                s.identifier,
+                s.share_queue,
+                s.share_limit,
+            )
             for s in self.subscriptions.values()
         ]
         return SavedSession(
@@ -151,6 +215,8 @@ class SessionRegistry:
         self.expired = 0
         data_dir = node.data_dir
         self.files = SessionFiles(data_dir / "mqtt-sessions") if data_dir is not None else None
+        #: The share groups, by (VPN, ``$share/<name>/<filter>``).
+        self.shares: dict[tuple[str, str], ShareGroup] = {}
         self.restored = 0  # sessions a restart brought back
         self.delayed_wills = 0  # wills published after their connection was gone
         #: Wills a restart brought back, held until the first listener opens (see
@@ -189,15 +255,15 @@ class SessionRegistry:
             session.queue_limit = saved.queue_limit
             session.offline_since = now if saved.offline_since is None else saved.offline_since
             session.will = saved.will
-            for mqtt_filter, qos, filters, no_local, rap, identifier in saved.subscriptions:
-                sub = Subscribed(mqtt_filter, qos, filters, no_local, rap, identifier)
-                session.subscriptions[mqtt_filter] = sub
+            for fields in saved.subscriptions:
+                session.subscriptions[fields[0]] = Subscribed(*fields)
             for spool_id, packet_id in saved.packet_ids.items():
                 session.keep_id(spool_id, packet_id)
             session.received = set(saved.received)
             self.sessions[(saved.vpn, saved.client_id)] = session
             try:
                 await self._restore_queue(session, saved.queue)
+                await self._restore_shares(session)
             except MeshbusError as exc:
                 log.warning(
                     "MQTT session of client %r not restored: queue %r: %s",
@@ -246,6 +312,75 @@ class SessionRegistry:
                 for each in sub.filters:
                     service.add_subscription(name, each, vpn=session.vpn)
 
+    async def _restore_shares(self, session: MqttSession) -> None:
+        """Make the session a member of its share groups again; a QoS 1 group's queue
+        is made again by its first member to come back, with what it held."""
+        for sub in session.subscriptions.values():
+            if sub.shared:
+                group = self.shares.get((session.vpn, sub.mqtt_filter))
+                if group is None:
+                    group = ShareGroup(sub.share_queue, sub.share_limit)
+                    if group.queue is not None:
+                        self._make_share_queue(session.vpn, sub.filters, group)
+                    self.shares[(session.vpn, sub.mqtt_filter)] = group
+                group.members.add(session.client_id)
+
+    def share_group(self, vpn: str, mqtt_filter: str) -> ShareGroup | None:
+        return self.shares.get((vpn, mqtt_filter))
+
+    async def join_share(
+        self, session: MqttSession, sub: Subscribed, max_messages: int
+    ) -> ShareGroup:
+        """Make ``session`` a member of the group of the shared subscription ``sub``
+        (made now, a queue if ``sub`` asks for QoS 1, when it is the first member);
+        return the group."""
+        key = (session.vpn, sub.mqtt_filter)
+        group = self.shares.get(key)
+        if group is not None:
+            group.members.add(session.client_id)
+            return group
+        if sub.qos == 0:
+            group = self.shares[key] = ShareGroup(None, None, {session.client_id})
+            return group
+        group = ShareGroup(share_queue_name(sub.mqtt_filter), max_messages, {session.client_id})
+        queue = self._make_share_queue(session.vpn, sub.filters, group)
+        self.shares[key] = group
+        if queue.usage()[0]:
+            # Left by a group that ended when the node stopped before it could delete
+            # its queue: published while the group had no member, it is not for this one.
+            service: Any = self.node.guaranteed
+            await service.purge_queue(group.queue, vpn=session.vpn)
+        return group
+
+    async def leave_share(self, session: MqttSession, sub: Subscribed) -> None:
+        """``session`` no longer has ``sub``: the group, with its queue and what waits
+        in it, ends when it was the last member."""
+        key = (session.vpn, sub.mqtt_filter)
+        group = self.shares.get(key)
+        if group is None:
+            return
+        group.members.discard(session.client_id)
+        if group.members:
+            return
+        del self.shares[key]
+        if group.queue is not None:
+            await self._delete_queue(session, group.queue)
+
+    def _make_share_queue(self, vpn: str, filters: tuple[str, ...], group: ShareGroup) -> Any:
+        """The group's queue (what the store holds for it comes back with it),
+        subscribed to the filters of ``#share/<name>/<filter>``."""
+        service: Any = self.node.guaranteed
+        limit = {} if group.limit is None else {"max_messages": group.limit}
+        try:
+            queue = service.create_queue(
+                group.queue, vpn=vpn, access_type="non-exclusive", respect_ttl=True, **limit
+            )
+        except StateError:  # a queue of that name with other settings: the configuration's
+            queue = service.queue(group.queue, vpn=vpn)
+        for each in filters:
+            service.add_subscription(group.queue, each.split("/", 2)[2], vpn=vpn)
+        return queue
+
     def get(self, vpn: str, client_id: str) -> MqttSession | None:
         return self.sessions.get((vpn, client_id))
 
@@ -269,14 +404,18 @@ class SessionRegistry:
                 session.saved_once = False
         queue, session.queue = session.queue, None
         if queue is not None:
-            try:
-                await self.node.guaranteed.delete_queue(queue, vpn=session.vpn)
-            except StateError:  # gone already: its VPN was removed, or the node stops
-                pass
-            except (MeshbusError, KeyError) as exc:
-                log.warning(
-                    "queue %r of MQTT client %r not deleted: %s", queue, session.client_id, exc
-                )
+            await self._delete_queue(session, queue)
+        for sub in session.subscriptions.values():
+            if sub.shared:
+                await self.leave_share(session, sub)
+
+    async def _delete_queue(self, session: MqttSession, queue: str) -> None:
+        try:
+            await self.node.guaranteed.delete_queue(queue, vpn=session.vpn)
+        except StateError:  # gone already: its VPN was removed, or the node stops
+            pass
+        except (MeshbusError, KeyError) as exc:
+            log.warning("queue %r of MQTT client %r not deleted: %s", queue, session.client_id, exc)
 
     async def ensure_queue(self, session: MqttSession, max_messages: int) -> str:
         """The session's queue, made when its first QoS 1 subscription comes."""
@@ -392,6 +531,8 @@ class SessionRegistry:
 
     def vpn_removed(self, vpn: str) -> None:
         """``vpn`` is gone, with its queues: its sessions end, and their files go."""
+        for key in [key for key in self.shares if key[0] == vpn]:
+            del self.shares[key]
         for key, session in list(self.sessions.items()):
             if key[0] == vpn:
                 del self.sessions[key]

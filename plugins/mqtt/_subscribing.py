@@ -8,6 +8,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import attrs
 
 from meshbus import (
     AccessDeniedError,
@@ -64,21 +65,18 @@ class Subscribing(Parts):
         for wanted in packet.topic_filters:
             try:
                 filters = from_mqtt_filter(wanted.pattern)
-                # A shared subscription delivers what its group is given as direct
-                # messages: QoS 0 is what it grants (MQTT-3.8.4-8), not more.
-                shared = filters[0].startswith("#share/")
                 sub = Subscribed(
                     wanted.pattern,
-                    0 if shared else min(int(wanted.max_qos), 1),
+                    min(int(wanted.max_qos), 1),
                     filters,
                     bool(wanted.no_local),
                     bool(wanted.retain_as_published) and codec.v5,
                     identifier,
                 )
-                if sub.no_local and sub.filters[0].startswith("#share/"):
+                if sub.no_local and sub.shared:
                     raise Closed("no-local on a shared subscription", PROTOCOL_ERROR)
                 existed = wanted.pattern in state.subscriptions
-                await self._apply(state, session, sub)
+                sub = await self._apply(state, session, sub)
             except InvalidTopicError:
                 codes.append(TOPIC_FILTER_INVALID)
                 continue
@@ -105,12 +103,15 @@ class Subscribing(Parts):
         self.listener.registry.save(state)
         await self._write(codec.suback(packet.packet_id, codes))
         for sub, _ in fresh:
-            if not sub.filters[0].startswith("#share/"):
+            if not sub.shared:
                 await self._send_retained(sub)
 
-    async def _apply(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
+    async def _apply(self, state: MqttSession, session: Session, sub: Subscribed) -> Subscribed:
+        """Make ``sub`` a subscription of the session; return it as granted."""
         old = state.subscriptions.get(sub.mqtt_filter)
-        if sub.queued:
+        if sub.shared:
+            sub = await self._apply_shared(state, session, sub, old)
+        elif sub.queued:
             registry = self.listener.registry
             queue = await registry.ensure_queue(state, self.settings.max_queued_messages)
             service: Any = self.node.guaranteed
@@ -123,17 +124,67 @@ class Subscribing(Parts):
             for each in sub.filters:
                 session.subscribe(each)
         if old is not None and old.queued != sub.queued:
-            self._remove(state, session, old)
+            await self._remove(state, session, old)
         state.subscriptions[sub.mqtt_filter] = sub
+        return sub
 
-    def _remove(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
+    async def _apply_shared(
+        self, state: MqttSession, session: Session, sub: Subscribed, old: Subscribed | None
+    ) -> Subscribed:
+        """Make the session a member of the group of ``sub``, in the form the group has:
+        a queue at QoS 1 (this connection binds a flow to it), or direct messages at QoS
+        0 (MQTT-3.8.4-8: a subscription gets no more than its group delivers)."""
+        if not session.client_profile.allow_shared_subscriptions:
+            raise AccessDeniedError(
+                session.username,
+                "subscribe",
+                sub.mqtt_filter,
+                f"client profile {session.client_profile.name!r} does not allow shared "
+                "subscriptions",
+            )
+        for each in sub.filters:
+            session.check_subscribe_acl(each)
+        registry = self.listener.registry
+        joined = old is None  # the same filter again: the session is a member already
+        if joined:
+            group = await registry.join_share(state, sub, self.settings.max_queued_messages)
+            queue, limit = group.queue, group.limit
+        else:
+            assert old is not None
+            queue, limit = old.share_queue, old.share_limit
+        try:
+            if queue is None:
+                sub = attrs.evolve(sub, qos=0)
+                for each in sub.filters:
+                    session.subscribe(each)
+            else:
+                sub = attrs.evolve(sub, share_queue=queue, share_limit=limit)
+                if queue not in self._shares and self._tg is not None:
+                    await self._bind_share(self._tg, queue)
+        except BaseException:
+            if joined:
+                with anyio.CancelScope(shield=True):
+                    await registry.leave_share(state, sub)
+            raise
+        return sub
+
+    async def _remove(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
         """Take back the meshbus subscriptions of ``sub`` that no other subscription of
         the session needs: ``t/a/#`` is ``t/a`` and ``t/a/>``, and ``t/a`` may be
-        subscribed on its own too."""
+        subscribed on its own too. A shared one leaves its group (and this connection
+        unbinds from the group's queue)."""
+        if sub.shared:
+            if sub.share_queue is not None:
+                await self._unbind_share(sub.share_queue)
+            else:
+                for each in sub.filters:
+                    session.unsubscribe(each)
+            await self.listener.registry.leave_share(state, sub)
+            return
         needed = {
             each
             for other in state.subscriptions.values()
-            if other is not sub and other.queued == sub.queued
+            if other is not sub and other.queued == sub.queued and not other.shared
             for each in other.filters
         }
         filters = [each for each in sub.filters if each not in needed]
@@ -159,7 +210,7 @@ class Subscribing(Parts):
             if sub is None:
                 codes.append(NO_SUBSCRIPTION)
                 continue
-            self._remove(state, session, sub)
+            await self._remove(state, session, sub)
             codes.append(0)
         self.listener.registry.save(state)
         await self._write(codec.unsuback(packet.packet_id, codes))

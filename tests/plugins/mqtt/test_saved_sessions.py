@@ -179,7 +179,19 @@ GOOD = {
             "no_local": False,
             "retain_as_published": True,
             "identifier": 4,
-        }
+            "share_queue": None,
+            "share_limit": None,
+        },
+        {
+            "filter": "$share/g/jobs",
+            "qos": 1,
+            "filters": ["#share/g/jobs"],
+            "no_local": False,
+            "retain_as_published": False,
+            "identifier": None,
+            "share_queue": "mqtt-share/g/jobs",
+            "share_limit": 500,
+        },
     ],
     "packet_ids": [[7, 1]],
     "will": GOOD_WILL,
@@ -190,7 +202,10 @@ GOOD = {
 def test_a_session_file_reads_back_what_was_written() -> None:
     saved = SavedSession.from_json(orjson.dumps(GOOD))
     assert saved.to_json() == GOOD
-    assert saved.subscriptions == [("t/#", 1, ("t", "t/>"), False, True, 4)]
+    assert saved.subscriptions == [
+        ("t/#", 1, ("t", "t/>"), False, True, 4, None, None),
+        ("$share/g/jobs", 1, ("#share/g/jobs",), False, False, None, "mqtt-share/g/jobs", 500),
+    ]
     assert saved.packet_ids == {7: 1}
     assert saved.will is not None
     assert (saved.will.payload, saved.will.delay, saved.will.username) == (
@@ -202,10 +217,11 @@ def test_a_session_file_reads_back_what_was_written() -> None:
     older = SavedSession.from_json(orjson.dumps({k: v for k, v in GOOD.items() if k != "will"}))
     assert older.will is None
     # ... and one from before subscription identifiers as subscriptions without one.
-    (sub,) = GOOD["subscriptions"]  # type: ignore[misc]
-    plain = {k: v for k, v in sub.items() if k != "identifier"}
+    sub = GOOD["subscriptions"][0]  # type: ignore[index]
+    plain = {k: v for k, v in sub.items() if k not in ("identifier", "share_queue", "share_limit")}
     oldest = SavedSession.from_json(orjson.dumps({**GOOD, "subscriptions": [plain]}))
-    assert oldest.subscriptions == [("t/#", 1, ("t", "t/>"), False, True, None)]
+    # (and one from before QoS 1 share groups as subscriptions of no group's queue)
+    assert oldest.subscriptions == [("t/#", 1, ("t", "t/>"), False, True, None, None, None)]
     # ... and one from before taken QoS 2 ids were kept as one with none.
     assert saved.received == [3, 9]
     untaken = SavedSession.from_json(
@@ -228,6 +244,14 @@ def test_a_session_file_reads_back_what_was_written() -> None:
         ({"subscriptions": {}}, "not a list"),
         ({"subscriptions": [{"filter": "t", "qos": 2, "filters": ["t"]}]}, "bad subscription"),
         ({"subscriptions": [{**GOOD["subscriptions"][0], "identifier": 0}]}, "bad subscription"),  # type: ignore[index]
+        (
+            {"subscriptions": [{**GOOD["subscriptions"][0], "share_queue": "q"}]},  # type: ignore[index]
+            "bad subscription",  # a group's queue for a subscription that is not shared
+        ),
+        (
+            {"subscriptions": [{**GOOD["subscriptions"][1], "share_limit": -1}]},  # type: ignore[index]
+            "bad subscription",
+        ),
         ({"packet_ids": [[7, 0]]}, "bad packet_ids"),
         ({"packet_ids": [[7, 1], [8, 1]]}, "twice"),
         ({"received": [0]}, "bad received"),

@@ -79,6 +79,38 @@ async def test_persistent_sessions_survive_a_kill_9(tmp_path: Path, protocol: in
             await device.disconnect()
 
 
+async def test_a_qos1_share_group_survives_a_kill_9(tmp_path: Path) -> None:
+    """The group's queue and its members' sessions come back: what the node took for
+    the group, including what a member held unacknowledged at the kill, reaches a
+    member after the restart."""
+    port = free_port()
+    (tmp_path / "edge.toml").write_text(CONFIG.format(port=port))
+    with meshbus_run(tmp_path) as node:
+        workers = []
+        for name in ("w1", "w2"):
+            worker = Paho(port, name, V5)
+            worker.client.manual_ack_set(True)  # takes its share, acknowledges none
+            await worker.connect(clean_start=False, session_expiry=3600)
+            assert await worker.subscribe(("$share/pool/jobs/#", 1)) == [1]
+            workers.append(worker)
+        shop = Paho(port, "shop", V5)
+        await shop.connect()
+        for i in range(20):
+            await shop.publish(f"jobs/{i}", b"%d" % i, qos=1)  # acknowledged by the node
+        await workers[0].receive()  # one at least is out to w1, unacknowledged
+        node.finish(signal.SIGKILL)
+        for client in (shop, *workers):
+            await client.disconnect()
+    with meshbus_run(tmp_path):
+        worker = Paho(port, "w2", V5)
+        await worker.connect(clean_start=False, session_expiry=3600)
+        assert worker.connack[0].session_present
+        # Its session is a member still (no SUBSCRIBE), and w1 is away: all 20 come.
+        got = await worker.receive_many(20)
+        assert sorted(int(m.payload) for m in got) == list(range(20))
+        await worker.disconnect()
+
+
 async def test_the_will_of_a_device_connected_at_a_kill_9_goes_after_the_restart(
     tmp_path: Path,
 ) -> None:
