@@ -10,7 +10,8 @@ Layers, bottom up:
 
 * ``_store``: the :class:`SpoolStore` interface (one stored copy per message, one
   reference per endpoint, group commit), with :class:`SqliteStore` (durable, the
-  default when the node has a ``data_dir``) and :class:`MemoryStore`;
+  default when the node has a ``data_dir``; how durable, :func:`set_spool_durability`
+  or the ``[spool]`` table) and :class:`MemoryStore`;
 * ``_settings``: :class:`QueueSettings`, validated at construction;
 * ``_queue``: a :class:`Queue` at run time and its consumer :class:`QueueFlow`\\ s;
 * ``_service``: :class:`GuaranteedService`, the node's provisioning, publish and
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from meshbus import QUEUE_TOPIC_PREFIX
 
+from ._durability import Durability, set_spool_durability
 from ._memory import MemoryStore
 from ._queue import Queue, QueueFlow
 from ._service import GuaranteedService
@@ -42,6 +44,7 @@ __all__ = [
     "MAX_MESSAGE_SIZE",
     "QUEUE_TOPIC_PREFIX",
     "AccessType",
+    "Durability",
     "EndpointStats",
     "GuaranteedService",
     "MemoryStore",
@@ -54,4 +57,5 @@ __all__ = [
     "SpoolStore",
     "SqliteStore",
     "StoredMessage",
+    "set_spool_durability",
 ]

@@ -1,5 +1,7 @@
 """The plugin's tables of the node configuration file (SPEC 4)::
 
+    [spool]
+    durability = "full"                   # or "relaxed": see ._durability
     [vpns.NAME.queues.QUEUE]              # keys: the fields of QueueSettings
     subscriptions = ["orders/>"]          # (subscriptions, access_type, max_messages, ...)
     [vpns.NAME.topic_endpoints.ENDPOINT]  # the same but subscriptions (given at bind)
@@ -26,6 +28,7 @@ from meshbus import (
     Vpn,
 )
 
+from ._durability import set_spool_durability
 from ._settings import QueueSettings
 
 __all__ = ["SECTIONS"]
@@ -171,7 +174,30 @@ async def _resubscribe(vpn: Vpn, old: QueueSettings, new: QueueSettings) -> None
             service.remove_subscription(new.name, subscription, vpn=vpn.name)
 
 
+def _read_spool(reader: ConfigReader, raw: object, path: str, context: ConfigContext) -> Any:
+    table = reader.table(raw, path)
+    if table is None or not reader.keys(table, path, ("durability",)):
+        return None
+    durability = table.get("durability", "full")
+    where = reader.join(path, "durability")
+    if durability not in ("full", "relaxed"):
+        reader.report(where, f"must be 'full' or 'relaxed', not {durability!r}")
+        return None
+    return durability
+
+
+def _configure_spool(node: Any, durability: Any) -> None:
+    set_spool_durability(node, durability)
+
+
 SECTIONS = (
+    ConfigSection(
+        "spool",
+        "node",
+        _read_spool,
+        configure=_configure_spool,
+        summary="the guaranteed-message spool: durability ('full' or 'relaxed')",
+    ),
     ConfigSection(
         "queues",
         "vpn",

@@ -21,6 +21,7 @@ from meshbus import (
 
 from . import _hookspecs
 from ._config import SECTIONS
+from ._durability import DURABILITY
 from ._memory import MemoryStore
 from ._service import GuaranteedService
 from ._sqlite import SqliteStore
@@ -56,7 +57,7 @@ def meshbus_spool_store(node: Node) -> SpoolStore:
         log.info("node %r has no data_dir: guaranteed messages are kept in memory", node.name)
         return MemoryStore()
     node.data_dir.mkdir(parents=True, exist_ok=True)
-    return SqliteStore(node.data_dir / "spool.sqlite")
+    return SqliteStore(node.data_dir / "spool.sqlite", node.stash.get(DURABILITY, "full"))
 
 
 @hookimpl
