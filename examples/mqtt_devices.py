@@ -5,7 +5,8 @@ A node opens an MQTT listener on a free port. Two "devices" are paho-mqtt client
 (retained) and a will, and a valve that keeps a persistent session with a QoS 1
 subscription. The application beside them is a native meshbus session: it reads
 what the devices publish and sends commands back, one of them while the valve is
-offline, which the valve gets when it reconnects. A dashboard in a web page would
+offline, which the valve gets when it reconnects. Two workers share the jobs of a
+``$share`` subscription at QoS 1: each job reaches one of them. A dashboard in a web page would
 speak MQTT over WebSocket: a second listener takes those, and a paho client over
 WebSocket stands in for it.
 
@@ -74,6 +75,26 @@ def run_devices(port: int, web_port: int, command: Callable[[str, bytes], None])
     print(f"valve-3 got {message.topic}: {message.payload.decode()} (QoS {message.qos})")
     valve.disconnect()
     valve.loop_stop()
+
+    workers = {name: device(port, name) for name in ("worker-1", "worker-2")}
+    for worker, inbox in workers.values():
+        worker.subscribe("$share/workers/jobs/#", qos=1)
+        assert inbox.get(timeout=5) == "subscribed"
+    for n in range(4):
+        command(f"jobs/{n}", b"resize image")
+    taken: dict[str, list[str]] = {}
+    while sum(len(jobs) for jobs in taken.values()) < 4:
+        for name, (_, inbox) in workers.items():
+            try:
+                job = inbox.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            taken.setdefault(name, []).append(job.topic)
+    jobs = sorted(topic for topics in taken.values() for topic in topics)
+    print(f"$share group at QoS 1 took {', '.join(jobs)} once each, over {len(taken)} workers")
+    for worker, _ in workers.values():
+        worker.disconnect()
+        worker.loop_stop()
     meter.loop_stop()
     meter.socket().close()  # the meter loses power: its will is published
 

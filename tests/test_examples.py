@@ -40,10 +40,11 @@ EXPECTED: dict[str, list[str]] = {
         "valve-3 got commands/valve-3/open: 50% (QoS 1)",
         "valve-3 back, session present: True",
         "valve-3 got commands/valve-3/close: now (QoS 1)",
+        "$share group at QoS 1 took jobs/0, jobs/1, jobs/2, jobs/3 once each, over 2 workers",
         "app got readings/meter-1/kwh: 40 from meter-1",
         "app got devices/meter-1/online: false from meter-1 (retain)",
         "a late subscriber is told devices/meter-1/online: false",
-        "listener: 3 logins, 1 will",
+        "listener: 5 logins, 1 will",
     ],
     "dmr_mesh.py": [
         "us-1 learned from eu-2: ['fx/eur-usd']",
