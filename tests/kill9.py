@@ -21,9 +21,10 @@ class Nodes:
     """``meshbus run NAME.toml`` processes in ``folder``, each started, killed with
     SIGKILL and started again by name on its data directory and port."""
 
-    def __init__(self, folder: Path, ports: dict[str, int]) -> None:
+    def __init__(self, folder: Path, ports: dict[str, int], loop: str | None = None) -> None:
         self.folder = folder
         self.ports = ports
+        self.loop = loop  # the event loop the nodes run on (``--loop``), or their default
         self.children: dict[str, Child] = {}
 
     def url(self, name: str) -> str:
@@ -31,6 +32,8 @@ class Nodes:
 
     async def start(self, name: str) -> None:
         args = [sys.executable, "-m", "meshbus", "run", f"{name}.toml"]
+        if self.loop is not None:
+            args += ["--loop", self.loop]
         child = self.children[name] = Child(args, self.folder)
         await anyio.to_thread.run_sync(child.wait_for, "meshbus run: node ")
 

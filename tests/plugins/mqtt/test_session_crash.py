@@ -33,9 +33,20 @@ port = {port}
 """
 
 
+#: Each protocol level on one event loop, the nodes on that loop too: both levels and
+#: both loops are covered without running every scenario four times.
+PAIRED = pytest.mark.parametrize(
+    ("anyio_backend", "protocol"),
+    [("asyncio", V311), ("trio", V5)],
+    ids=["asyncio-3.1.1", "trio-5"],
+)
+
+
 @contextmanager
-def meshbus_run(tmp_path: Path) -> Iterator[Child]:
-    child = Child([sys.executable, "-m", "meshbus", "run", "edge.toml"], tmp_path)
+def meshbus_run(tmp_path: Path, loop: str) -> Iterator[Child]:
+    """A node on the event loop the test runs on."""
+    args = [sys.executable, "-m", "meshbus", "run", "edge.toml", "--loop", loop]
+    child = Child(args, tmp_path)
     try:
         child.wait_for("meshbus run: node edge listening")
         yield child
@@ -43,12 +54,14 @@ def meshbus_run(tmp_path: Path) -> Iterator[Child]:
         child.close()
 
 
-@pytest.mark.parametrize("protocol", [V311, V5], ids=["3.1.1", "5"])
-async def test_persistent_sessions_survive_a_kill_9(tmp_path: Path, protocol: int) -> None:
+@PAIRED
+async def test_persistent_sessions_survive_a_kill_9(
+    tmp_path: Path, anyio_backend: str, protocol: int
+) -> None:
     port = free_port()
     (tmp_path / "edge.toml").write_text(CONFIG.format(port=port))
     options = {"clean_session": False} if protocol == V311 else {}
-    with meshbus_run(tmp_path) as node:
+    with meshbus_run(tmp_path, anyio_backend) as node:
         away = Paho(port, "away", protocol, **options)
         await away.connect(clean_start=False, session_expiry=3600)
         await away.subscribe(("orders/#", 1))
@@ -65,7 +78,7 @@ async def test_persistent_sessions_survive_a_kill_9(tmp_path: Path, protocol: in
         node.finish(signal.SIGKILL)
         await shop.disconnect()
         await online.disconnect()
-    with meshbus_run(tmp_path):
+    with meshbus_run(tmp_path, anyio_backend):
         for name in ("away", "online"):
             device = Paho(port, name, protocol, **options)
             await device.connect(clean_start=False, session_expiry=3600)
@@ -79,13 +92,13 @@ async def test_persistent_sessions_survive_a_kill_9(tmp_path: Path, protocol: in
             await device.disconnect()
 
 
-async def test_a_qos1_share_group_survives_a_kill_9(tmp_path: Path) -> None:
+async def test_a_qos1_share_group_survives_a_kill_9(tmp_path: Path, anyio_backend: str) -> None:
     """The group's queue and its members' sessions come back: what the node took for
     the group, including what a member held unacknowledged at the kill, reaches a
     member after the restart."""
     port = free_port()
     (tmp_path / "edge.toml").write_text(CONFIG.format(port=port))
-    with meshbus_run(tmp_path) as node:
+    with meshbus_run(tmp_path, anyio_backend) as node:
         workers = []
         for name in ("w1", "w2"):
             worker = Paho(port, name, V5)
@@ -101,7 +114,7 @@ async def test_a_qos1_share_group_survives_a_kill_9(tmp_path: Path) -> None:
         node.finish(signal.SIGKILL)
         for client in (shop, *workers):
             await client.disconnect()
-    with meshbus_run(tmp_path):
+    with meshbus_run(tmp_path, anyio_backend):
         worker = Paho(port, "w2", V5)
         await worker.connect(clean_start=False, session_expiry=3600)
         assert worker.connack[0].session_present
@@ -112,18 +125,18 @@ async def test_a_qos1_share_group_survives_a_kill_9(tmp_path: Path) -> None:
 
 
 async def test_the_will_of_a_device_connected_at_a_kill_9_goes_after_the_restart(
-    tmp_path: Path,
+    tmp_path: Path, anyio_backend: str
 ) -> None:
     # The node's crash ended the device's connection: its will (retained here, so a
     # subscriber after the restart can see it) is published once the node is back.
     port = free_port()
     (tmp_path / "edge.toml").write_text(CONFIG.format(port=port))
-    with meshbus_run(tmp_path) as node:
+    with meshbus_run(tmp_path, anyio_backend) as node:
         device = Paho(port, "device", V311, clean_session=False)
         await device.connect(will=("status/device", b"offline", 1, True))
         node.finish(signal.SIGKILL)
         await device.disconnect()
-    with meshbus_run(tmp_path):
+    with meshbus_run(tmp_path, anyio_backend):
         late = Paho(port, "late", V5)
         await late.connect()
         await late.subscribe(("status/#", 1))
@@ -132,9 +145,9 @@ async def test_the_will_of_a_device_connected_at_a_kill_9_goes_after_the_restart
         await late.disconnect()
 
 
-@pytest.mark.parametrize("protocol", [V311, V5], ids=["3.1.1", "5"])
+@PAIRED
 async def test_unacknowledged_messages_keep_their_packet_ids_over_a_kill_9(
-    tmp_path: Path, protocol: int
+    tmp_path: Path, anyio_backend: str, protocol: int
 ) -> None:
     # MQTT-4.4.0-1: a session that comes back gets its unacknowledged messages again
     # under their packet ids. The ids that were in flight at a crash are not on disk,
@@ -142,7 +155,7 @@ async def test_unacknowledged_messages_keep_their_packet_ids_over_a_kill_9(
     port = free_port()
     (tmp_path / "edge.toml").write_text(CONFIG.format(port=port))
     options = {"clean_session": False} if protocol == V311 else {}
-    with meshbus_run(tmp_path) as node:
+    with meshbus_run(tmp_path, anyio_backend) as node:
         device = Paho(port, "meter", protocol, **options)
         device.client.manual_ack_set(True)
         await device.connect(clean_start=False, session_expiry=3600)
@@ -159,7 +172,7 @@ async def test_unacknowledged_messages_keep_their_packet_ids_over_a_kill_9(
         node.finish(signal.SIGKILL)
         await shop.disconnect()
         await device.disconnect()
-    with meshbus_run(tmp_path):
+    with meshbus_run(tmp_path, anyio_backend):
         again = Paho(port, "meter", protocol, **options)
         await again.connect(clean_start=False, session_expiry=3600)
         got = await again.receive_many(20)
