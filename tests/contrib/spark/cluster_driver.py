@@ -3,7 +3,8 @@
 has one SparkContext, and the other Spark tests hold a local one).
 
 Usage: ``python cluster_driver.py SETTINGS_JSON``. It prints one JSON line, starting
-``RESULT ``, when it is done (``read`` and ``write`` runs), or ``STARTED`` lines while a
+``RESULT ``, when it is done (``read``, ``write`` and ``read-write`` runs: the last reads,
+then writes with ``write_options``, on one cluster), or ``STARTED`` lines while a
 ``stream`` run goes on until it is killed.
 
 The node sees every client by name, ``spark-<role>-<host>-<pid>``. Before it ends, a
@@ -49,18 +50,14 @@ def main() -> None:
     spark.dataSource.register(MeshbusDataSource)
     options: dict[str, str] = settings["options"]
     mode = settings["mode"]
-    if mode == "write":
-        rows = [(f"written/{i % 3}", f"w{i}".encode()) for i in range(settings["rows"])]
-        frame = spark.createDataFrame(rows, "topic string, value binary").repartition(2)
-        frame.write.format("meshbus").mode("append").options(**options).save()
-    else:
+    if mode != "write":
         reader = spark.readStream.format("meshbus").options(**options).load()
         writer = (
             reader.writeStream.format("parquet")
             .option("path", settings["out"])
             .option("checkpointLocation", settings["checkpoint"])
         )
-        if mode == "read":
+        if mode in ("read", "read-write"):
             writer.trigger(availableNow=True).start().awaitTermination()
         else:  # "stream": until killed
             query = writer.trigger(processingTime="500 milliseconds").start()
@@ -70,7 +67,12 @@ def main() -> None:
                 sys.stdout.flush()
                 query.awaitTermination(1)
                 time.sleep(0.5)
-    target = (write_options if mode == "write" else read_options)(options).node
+    if mode in ("write", "read-write"):  # the write after the read: one cluster for both
+        options = settings.get("write_options", options)
+        rows = [(f"written/{i % 3}", f"w{i}".encode()) for i in range(settings["rows"])]
+        frame = spark.createDataFrame(rows, "topic string, value binary").repartition(2)
+        frame.write.format("meshbus").mode("append").options(**options).save()
+    target = (read_options if mode == "read" else write_options)(options).node
     stats, _ = NodeClient(target, "check").request("stats")
     result = {
         "driver": os.getpid(),

@@ -179,8 +179,21 @@ def test_a_cluster_reads_and_writes_through_a_standalone_node_and_survives_its_k
 
         node, url = start_node(folder)  # the same data directory
         anyio.run(publish, url, folder, 400, 200)
-        read = result_of(
-            driver(folder, mode="read", options=options, out=str(out), checkpoint=str(checkpoint))
+        options_out = {
+            k: v for k, v in options.items() if k not in ("queue", "partitions", "consumer")
+        }
+        # The restarted query reads on from its checkpoint, then the same application
+        # writes 90 rows (one cluster for both: each start of one takes long).
+        read = write = result_of(
+            driver(
+                folder,
+                mode="read-write",
+                options=options,
+                out=str(out),
+                checkpoint=str(checkpoint),
+                write_options={**options_out, "deliveryMode": "persistent"},
+                rows=90,
+            )
         )
         values = committed_rows(out)
         assert sorted(values) == sorted(f"order-{i}".encode() for i in range(600))
@@ -189,14 +202,6 @@ def test_a_cluster_reads_and_writes_through_a_standalone_node_and_survives_its_k
         for name, served in read["served"].items():
             assert served["executor"] or served["rows"] == 0, (name, served)
 
-        options_out = {
-            k: v for k, v in options.items() if k not in ("queue", "partitions", "consumer")
-        }
-        write = result_of(
-            driver(
-                folder, mode="write", options={**options_out, "deliveryMode": "persistent"}, rows=90
-            )
-        )
         assert sum(s["rows"] for s in write["staged"].values()) == 90
         assert all(s["executor"] for s in write["staged"].values()), write["staged"]
         written = anyio.run(queue_depth, url, folder, "written", 90)
