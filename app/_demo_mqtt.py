@@ -13,7 +13,7 @@ import anyio
 import anyio.abc
 import mqtt5
 
-from meshbus import Node
+from meshbus import Node, Session
 
 
 class _Device:
@@ -131,9 +131,37 @@ async def mqtt_demo() -> None:
                 f"(retained={kept.retained})"
             )
             await device.send(mqtt5.DisconnectPacket())
+        await _workers(listener.port, app)
         await board.send(mqtt5.DisconnectPacket())
         await board.stream.aclose()
         figures = listener.statistics()
         print(
-            f"listener: {figures.logins} login, {figures.received} publishes in, {figures.sent} out"
+            f"listener: {figures.logins} logins, {figures.received} publishes in, "
+            f"{figures.sent} out"
         )
+
+
+async def _workers(port: int, app: Session) -> None:
+    """Two workers share the jobs of a ``$share`` subscription at QoS 1: each job
+    reaches one of them (the group is a queue the node keeps while it has members)."""
+    workers = []
+    for name in ("worker-a", "worker-b"):
+        worker = _Device(await anyio.connect_tcp("127.0.0.1", port))
+        await worker.send(mqtt5.ConnectPacket(name, clean_start=True))
+        await worker.next()  # its CONNACK
+        share = mqtt5.TopicFilter("$share/workers/jobs/#", max_qos=mqtt5.QoS(1))
+        await worker.send(mqtt5.SubscribePacket(1, [share]))
+        await worker.next()  # its SUBACK: granted QoS 1
+        workers.append((name, worker))
+    for n in (1, 2):
+        await app.send(f"jobs/{n}", b"resize")
+    taken = []
+    for name, worker in workers:
+        with anyio.fail_after(10):
+            job = await worker.next()
+        assert isinstance(job, mqtt5.PublishPacket)
+        await worker.send(mqtt5.PubAckPacket(job.packet_id or 0))
+        taken.append(f"{job.topic} to {name}")
+        await worker.send(mqtt5.DisconnectPacket())
+        await worker.stream.aclose()
+    print(f"a $share group at QoS 1 gave {' and '.join(sorted(taken))}: each job once")

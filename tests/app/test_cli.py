@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,7 @@ def test_demo_runs_and_shows_each_capability() -> None:
     assert "meter-1 got commands/meter-1/reset = now at QoS 1 (its queue: mqtt/meter-1)" in out
     assert "(MQTT over WebSocket) got readings/meter-1/kwh = 42" in out
     assert "a session subscribing later gets state/meter-1 = online (retained=True)" in out
+    assert re.search(r"a \$share group at QoS 1 gave jobs/1 to worker-[ab] and jobs/2 to", out)
     # a pair of bridges between two nodes: one connection, both ways, a queue drained
     assert "plant reusing, hq in-sync; 1 connection between them" in out
     assert "hq board got alarms/press-3 = jammed; plant robot got commands/press-3 = stop" in out
