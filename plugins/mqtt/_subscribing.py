@@ -76,6 +76,15 @@ class Subscribing(Parts):
                 if sub.no_local and sub.shared:
                     raise Closed("no-local on a shared subscription", PROTOCOL_ERROR)
                 existed = wanted.pattern in state.subscriptions
+                limit = session.client_profile.max_subscriptions
+                if not existed and len(state.subscriptions) >= limit:
+                    # Each counts, whatever it becomes (a subscription of the session,
+                    # of the client's queue, a share group's queue): one client may not
+                    # make the node hold without bound.
+                    raise LimitExceededError(
+                        f"MQTT client {self.client_id!r} already holds {limit} subscriptions",
+                        limit,
+                    )
                 sub = await self._apply(state, session, sub)
             except InvalidTopicError:
                 codes.append(TOPIC_FILTER_INVALID)

@@ -419,3 +419,29 @@ async def test_a_native_session_joins_a_qos1_group_by_binding_its_queue(
         assert sorted(everything) == list(range(20))
         await ack(device, published(device))
     await flow.unbind()
+
+
+async def test_every_subscription_counts_against_the_client_profile_s_limit() -> None:
+    """Share groups and QoS 1 filters are held by the node (queues, their indexes), not
+    by the connection's session: they count against max_subscriptions all the same."""
+    async with Node(name="edge") as node:
+        vpn = node.vpn("default")
+        vpn.add_client_profile(ClientProfile("small", max_subscriptions=3))
+        vpn.add_user("dev", password="p", client_profile="small")
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        client = await login(listener.port, connect("greedy", username="dev", password=b"p"))
+        async with client.stream:
+            wanted = [("own/#", 1), ("$share/g/jobs/#", 1), ("plain", 0), ("$share/h/jobs/#", 1)]
+            await client.stream.send(subscribe(1, *wanted))
+            suback = await client.take(mqtt5.SubAckPacket)
+            assert [int(code) for code in suback.reason_codes] == [1, 1, 0, 0x97]  # quota
+            assert groups(node) == (1, 1)  # no queue was made for the refused group
+            await client.stream.send(subscribe(2, ("own/#", 0)))  # held already: replaced
+            suback = await client.take(mqtt5.SubAckPacket)
+            assert [int(code) for code in suback.reason_codes] == [0]
+            await client.stream.send(mqtt5.UnsubscribePacket(3, ["plain"]).write())
+            await client.take(mqtt5.UnsubAckPacket)
+            await client.stream.send(subscribe(4, ("$share/h/jobs/#", 1)))
+            suback = await client.take(mqtt5.SubAckPacket)
+            assert [int(code) for code in suback.reason_codes] == [1]
+            assert groups(node) == (2, 2)
