@@ -106,6 +106,7 @@ TABLE: dict[type, dict[str, tuple[bool, str]]] = {
         "refusal": (AT_ONCE, LOOKUP),
         "may_deliver_to": (AT_ONCE, LOOKUP),
         "delivers_at_once": (AT_ONCE, LOOKUP),
+        "at_once_room": (AT_ONCE, LOOKUP),
         "reserve": (AT_ONCE, MEMORY),
         "unreserve": (AT_ONCE, MEMORY),
         "stored": (AT_ONCE, MEMORY),

@@ -223,18 +223,24 @@ class Queue:
         A guess that only decides :attr:`NewMessage.marked`: when it is wrong, the
         message merely counts as delivered once more after a crash.
         """
+        return self.at_once_room() > 0
+
+    def at_once_room(self) -> int:
+        """How many messages stored now would go straight to a consumer (the guess of
+        :meth:`delivers_at_once`, for a batch): the room left in the windows of the
+        flows that may take them once every message waiting ahead is handed out."""
         flows = self.flows
         if not flows or not self.settings.egress_enabled:
-            return False
+            return 0
         if self.settings.access_type is AccessType.EXCLUSIVE:
             flows = flows[:1]
         room = 0
         for flow in flows:
             room += flow.window - len(flow._unacked) - len(flow._prefetched) - flow._fetching
         if room <= 0:
-            return False
+            return 0
         held = self.store.stats(self.endpoint).messages - len(self._pending_acks)
-        return held - self._in_flight < room
+        return max(0, room - (held - self._in_flight))
 
     def stored(self) -> None:
         """A message for this queue was committed: wake flows waiting for one."""

@@ -369,6 +369,9 @@ class GuaranteedService(GuaranteedMessaging):
         holders: list[list[Queue]] = []
         origins: list[tuple[str, int]] = []
         extra = options["size"]  # what the shared headers take, in each message
+        # As in _spool: a message a queue will hand out at once gets its delivery mark
+        # in the put's commit, as many per queue as its consumers have room for.
+        room: dict[Queue, int] = {}
         for topic, payload in messages:
             size = len(payload)
             accepted, refusal = self._accepting(
@@ -387,7 +390,15 @@ class GuaranteedService(GuaranteedMessaging):
                 queue.reserve(size)
                 reserved.append((queue, size))
             meta = _with_meta(options, session, origins[-1])
-            records.append(_record(topic, payload, accepted, meta, now))
+            marked = []
+            for queue in accepted:
+                left = room.get(queue)
+                if left is None:
+                    left = queue.at_once_room()
+                if left > 0:
+                    marked.append(queue.endpoint)
+                room[queue] = left - 1
+            records.append(_record(topic, payload, accepted, meta, now, tuple(marked)))
         for queue, size in reserved:  # the store counts them from the put on
             queue.unreserve(size)
         if records:
@@ -773,9 +784,15 @@ def _with_meta(
 
 
 def _record(
-    topic: str, payload: bytes, queues: Sequence[Queue], options: Mapping[str, Any], now: float
+    topic: str,
+    payload: bytes,
+    queues: Sequence[Queue],
+    options: Mapping[str, Any],
+    now: float,
+    marked: tuple[str, ...] = (),
 ) -> NewMessage:
-    """What the store keeps of a guaranteed publish held by ``queues``."""
+    """What the store keeps of a guaranteed publish held by ``queues`` (``marked``: those
+    of them that deliver it at once, see :attr:`NewMessage.marked`)."""
     ttl = options["ttl"]
     return NewMessage(
         topic,
@@ -785,6 +802,7 @@ def _record(
         options["persistent"],
         now + ttl if ttl else None,  # ttl 0: never expires (as in Solace)
         now,
+        marked,
     )
 
 

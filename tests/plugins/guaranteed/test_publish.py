@@ -536,3 +536,32 @@ async def test_one_message_in_flight_costs_one_synced_commit(tmp_path: Path) -> 
             assert svc.store.statistics().syncs - before == 10
         assert svc.store._premarked == set()  # q's are marked; busy's were never premarked
         assert held(node, "busy") == (10, 10)
+
+
+async def test_a_batch_a_consumer_has_room_for_costs_one_synced_commit(tmp_path: Path) -> None:
+    # send_many marks as delivered in its put as many messages as the waiting consumer
+    # has room for (as send does for one), and no more: the rest wait, unmarked.
+    async with Node(plugins=PLUGINS, data_dir=tmp_path) as node:
+        svc = service(node)
+        svc.create_queue("q", subscriptions=["orders/>"])
+        s = node.connect()
+        async with await s.bind("q", window=4) as flow:
+            await anyio.wait_all_tasks_blocked()
+            before = svc.store.statistics().syncs
+            ids = await s.send_many([("orders/1", b"%d" % n) for n in range(4)])
+            assert ids == [None] * 4
+            with anyio.fail_after(5):
+                got = [await flow.receive() for _ in range(4)]
+            assert [m.payload for m in got] == [b"0", b"1", b"2", b"3"]
+            assert svc.store.statistics().syncs - before == 1  # the put; no mark of its own
+            for m in got:
+                flow.ack(m)
+            await anyio.wait_all_tasks_blocked()
+            await s.send_many([("orders/2", b"%d" % n) for n in range(6)])
+            assert len(svc.store._premarked) == 4  # the room of the window, not the batch
+            for n in range(6):
+                with anyio.fail_after(5):
+                    message = await flow.receive()
+                assert (message.payload, message.redelivered) == (b"%d" % n, False)
+                flow.ack(message)
+        assert svc.store._premarked == set()
