@@ -66,6 +66,7 @@ from ._topics import (
     parse_subscription,
     validate_queue_topic,
     validate_topic,
+    wildcard_levels,
 )
 from ._vpn import Vpn
 from .errors import (
@@ -155,6 +156,7 @@ __all__ = [
     "filters_overlap",
     "from_mqtt_filter",
     "is_wildcard_filter",
+    "wildcard_levels",
     "check_identity",
     "hash_password",
     "hookimpl",

@@ -21,6 +21,8 @@ from meshbus import (
     PublishRejectedError,
     Session,
     from_mqtt_filter,
+    parse_subscription,
+    wildcard_levels,
 )
 
 from ._delivering import wild_first
@@ -85,6 +87,7 @@ class Subscribing(Parts):
                         f"MQTT client {self.client_id!r} already holds {limit} subscriptions",
                         limit,
                     )
+                self._check_wildcard_levels(state, session, sub)
                 sub = await self._apply(state, session, sub)
             except InvalidTopicError:
                 codes.append(TOPIC_FILTER_INVALID)
@@ -114,6 +117,27 @@ class Subscribing(Parts):
         for sub, _ in fresh:
             if not sub.shared:
                 await self._send_retained(sub)
+
+    def _check_wildcard_levels(self, state: MqttSession, session: Session, sub: Subscribed) -> None:
+        """Refuse ``sub`` if the wildcard levels of the client's subscriptions would go
+        over its profile's ``max_wildcard_levels``: the session counts only those that are
+        its own, so those of the client's queue and of its share groups count here."""
+        levels = _wildcard_levels(sub)
+        if not levels:
+            return
+        budget = session.client_profile.max_wildcard_levels
+        held = sum(
+            _wildcard_levels(each)
+            for name, each in state.subscriptions.items()
+            if name != sub.mqtt_filter
+        )
+        if held + levels > budget:
+            raise LimitExceededError(
+                f"MQTT client {self.client_id!r} holds wildcard subscriptions of {held} "
+                f"levels in all; {sub.mqtt_filter!r} would add {levels}, over client profile "
+                f"{session.client_profile.name!r}'s max_wildcard_levels of {budget}",
+                budget,
+            )
 
     async def _apply(self, state: MqttSession, session: Session, sub: Subscribed) -> Subscribed:
         """Make ``sub`` a subscription of the session; return it as granted."""
@@ -296,3 +320,9 @@ class Subscribing(Parts):
 def _ids(sub: Subscribed) -> list[int] | None:
     """What a retained value sent for ``sub`` carries: its identifier alone."""
     return None if sub.identifier is None else [sub.identifier]
+
+
+def _wildcard_levels(sub: Subscribed) -> int:
+    """What ``sub`` counts against ``max_wildcard_levels``, as a session counts its
+    meshbus subscriptions (a shared one's without the group)."""
+    return sum(wildcard_levels(parse_subscription(each).filter) for each in sub.filters)

@@ -445,3 +445,29 @@ async def test_every_subscription_counts_against_the_client_profile_s_limit() ->
             suback = await client.take(mqtt5.SubAckPacket)
             assert [int(code) for code in suback.reason_codes] == [1]
             assert groups(node) == (2, 2)
+
+
+async def test_every_wildcard_subscription_counts_against_the_profile_s_levels() -> None:
+    """QoS 1 filters and share groups count against max_wildcard_levels as the session's
+    own wildcard subscriptions do: one client may not make every publish step through
+    wildcard filters without bound by subscribing at QoS 1."""
+    async with Node(name="edge") as node:
+        vpn = node.vpn("default")
+        vpn.add_client_profile(ClientProfile("narrow", max_wildcard_levels=6))
+        vpn.add_user("dev", password="p", client_profile="narrow")
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        client = await login(listener.port, connect("wild", username="dev", password=b"p"))
+        async with client.stream:
+            wanted = [("a/b/#", 1), ("$share/g/c/+", 1), ("exact/topic", 1), ("d/+/e", 1)]
+            await client.stream.send(subscribe(1, *wanted))
+            suback = await client.take(mqtt5.SubAckPacket)
+            # 3 + 2 levels, an exact filter costs none, then 3 more would make 8 > 6
+            assert [int(code) for code in suback.reason_codes] == [1, 1, 1, 0x97]
+            await client.stream.send(subscribe(2, ("a/b/#", 0)))  # replaced: counted once
+            suback = await client.take(mqtt5.SubAckPacket)
+            assert [int(code) for code in suback.reason_codes] == [0]
+            await client.stream.send(mqtt5.UnsubscribePacket(3, ["$share/g/c/+"]).write())
+            await client.take(mqtt5.UnsubAckPacket)
+            await client.stream.send(subscribe(4, ("d/+/e", 1)))
+            suback = await client.take(mqtt5.SubAckPacket)
+            assert [int(code) for code in suback.reason_codes] == [1]
