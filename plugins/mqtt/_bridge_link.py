@@ -50,7 +50,7 @@ from meshbus.transports import Backoff, TlsSettings
 
 from ._client_codec import ClientCodec
 from ._codec import MQTT_5, MQTT_311, AnyPublish, MalformedPacket, PacketReader, Publish311
-from ._translate import CONTENT_TYPE, publish_options
+from ._translate import publish_options, v5_properties
 
 __all__ = [
     "HOP_COUNT_PROPERTY",
@@ -277,7 +277,7 @@ class MqttLink(Link):
     ) -> bytes:
         properties = None
         if codec.v5:
-            properties = _properties(message, hops)
+            properties = _properties(message, hops, self.vpn.node.clock.time())
         else:
             self._remember(message.topic, message.payload)
         return codec.publish(
@@ -616,25 +616,6 @@ async def _next(stream: anyio.abc.ByteStream, reader: PacketReader, codec: Clien
             return codec.read_server(packets[0])
 
 
-def _properties(message: Message, hops: int) -> dict[str, Any] | None:
-    options = message.options
-    pairs = [
-        (str(k), v if isinstance(v, str) else str(v))
-        for k, v in options.headers.items()
-        if k != CONTENT_TYPE
-    ]
-    if hops:
-        pairs.append((HOP_COUNT_PROPERTY, str(hops)))
-    properties: dict[str, Any] = {}
-    if pairs:
-        properties["user_properties"] = pairs
-    content_type = options.headers.get(CONTENT_TYPE)
-    if isinstance(content_type, str):
-        properties["content_type"] = content_type
-    if options.reply_to is not None:
-        properties["response_topic"] = options.reply_to
-    if options.correlation_id is not None:
-        from ._translate import correlation_bytes
-
-        properties["correlation_data"] = correlation_bytes(options.correlation_id)
-    return properties or None
+def _properties(message: Message, hops: int, now: float) -> dict[str, Any] | None:
+    """A bridged message's MQTT 5 properties: as for a client, and its hop count."""
+    return v5_properties(message, now, ((HOP_COUNT_PROPERTY, str(hops)),) if hops else ())

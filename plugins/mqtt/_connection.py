@@ -527,6 +527,7 @@ class MqttConnection(Subscribing, Delivering):
             return not (
                 packet.user_properties
                 or packet.content_type is not None
+                or packet.payload_format_indicator
                 or packet.response_topic is not None
                 or packet.correlation_data is not None
                 or packet.message_expiry_interval is not None

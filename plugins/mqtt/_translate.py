@@ -6,9 +6,12 @@
   meet (``+`` is ``*``, ``a/#`` is ``a`` and ``a/>``, ``$share/g/f`` is ``#share/g/f``).
 * QoS 0 is a direct message; QoS 1 and 2 are persistent guaranteed messages.
 * MQTT 5 user properties are the message's headers (string values; another value
-  goes out as its JSON text), the response topic is the reply-to, the correlation
-  data the correlation id (bytes as Latin-1 text, so any bytes survive), the message
-  expiry interval the TTL, and the content type the header ``content-type``.
+  goes out as its JSON text). A name that comes more than once keeps every value, in
+  order, as a list of strings, and such a list goes out as one property per value.
+  The response topic is the reply-to, the correlation data the correlation id (bytes
+  as Latin-1 text, so any bytes survive), the message expiry interval the TTL, the
+  content type the header ``content-type`` and a payload format indicator of 1 (UTF-8
+  text) the header ``payload-format`` = ``"utf-8"``, sent on unaltered (MQTT-3.3.2-4).
 """
 
 from __future__ import annotations
@@ -20,10 +23,20 @@ import orjson
 
 from meshbus import Message
 
-__all__ = ["CONTENT_TYPE", "correlation_bytes", "publish_options", "v5_properties"]
+__all__ = [
+    "CONTENT_TYPE",
+    "PAYLOAD_FORMAT",
+    "correlation_bytes",
+    "publish_options",
+    "v5_properties",
+]
 
 CONTENT_TYPE = "content-type"
 """The header an MQTT 5 content type is kept in."""
+
+PAYLOAD_FORMAT = "payload-format"
+"""The header that says a payload is UTF-8 text (``"utf-8"``): MQTT 5's payload
+format indicator 1."""
 
 
 def publish_options(packet: Any) -> dict[str, Any]:
@@ -32,10 +45,13 @@ def publish_options(packet: Any) -> dict[str, Any]:
     options: dict[str, Any] = {}
     properties = packet.user_properties
     content_type = packet.content_type
-    if properties or content_type is not None:
-        headers = dict(properties)
+    utf8 = packet.payload_format_indicator
+    if properties or content_type is not None or utf8:
+        headers = _headers(properties)
         if content_type is not None:
             headers[CONTENT_TYPE] = content_type
+        if utf8:
+            headers[PAYLOAD_FORMAT] = "utf-8"
         options["headers"] = headers
     if packet.response_topic is not None:
         options["reply_to"] = packet.response_topic
@@ -43,6 +59,33 @@ def publish_options(packet: Any) -> dict[str, Any]:
     if data is not None:
         options["correlation_id"] = data.decode("latin-1")
     return options
+
+
+def _headers(properties: Any) -> dict[str, Any]:
+    """User properties as headers: a name given more than once keeps all its values."""
+    headers: dict[str, Any] = {}
+    for name, value in properties:
+        held = headers.get(name)
+        if held is None:
+            headers[name] = value
+        elif isinstance(held, list):
+            held.append(value)
+        else:
+            headers[name] = [held, value]
+    return headers
+
+
+def _pairs(headers: Any) -> list[tuple[str, str]]:
+    """Headers as user properties (a list of strings: one property per value)."""
+    pairs = []
+    for name, value in headers.items():
+        if name in (CONTENT_TYPE, PAYLOAD_FORMAT):
+            continue
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            pairs += [(str(name), v) for v in value]
+        else:
+            pairs.append((str(name), _text(value)))
+    return pairs
 
 
 def correlation_bytes(correlation_id: str) -> bytes:
@@ -57,25 +100,32 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode("utf-8")
 
 
-def v5_properties(message: Message, now: float) -> dict[str, Any] | None:
-    """The MQTT 5 PUBLISH properties of ``message`` (``None`` when it has none)."""
+def v5_properties(
+    message: Message, now: float, extra: tuple[tuple[str, str], ...] = ()
+) -> dict[str, Any] | None:
+    """The MQTT 5 PUBLISH properties of ``message`` (``None`` when it has none), with
+    the user properties ``extra`` after its own."""
     options = message.options
     headers = options.headers
     if (
         not headers
+        and not extra
         and options.reply_to is None
         and options.correlation_id is None
         and options.expires_at is None
     ):
         return None
     properties: dict[str, Any] = {}
+    pairs = _pairs(headers) if headers else []
+    pairs += extra
+    if pairs:
+        properties["user_properties"] = pairs
     if headers:
-        pairs = [(str(k), _text(v)) for k, v in headers.items() if k != CONTENT_TYPE]
-        if pairs:
-            properties["user_properties"] = pairs
         content_type = headers.get(CONTENT_TYPE)
         if isinstance(content_type, str):
             properties["content_type"] = content_type
+        if headers.get(PAYLOAD_FORMAT) == "utf-8":
+            properties["payload_format_indicator"] = 1
     if options.reply_to is not None:
         properties["response_topic"] = options.reply_to
     if options.correlation_id is not None:

@@ -204,6 +204,41 @@ async def test_hop_counts_travel_as_the_hivemq_user_property(mosquitto: Mosquitt
         assert (got.hop_count, dict(got.headers)) == (1, {"k": "v"})
 
 
+async def test_the_bridge_forwards_expiry_payload_format_and_repeated_properties(
+    mosquitto: Mosquitto,
+) -> None:
+    # Out to the broker as a node's MQTT listener sends them to its clients: what is
+    # left of the TTL as the expiry interval, the payload format, a list header as one
+    # user property per value; and back the same way.
+    async with Node(name="edge") as node:
+        await _open(
+            node,
+            mosquitto,
+            5,
+            topics=[TopicMapping("out/>", mode="PUB"), TopicMapping("in/>", mode="SUB")],
+        )
+        observer = Paho(mosquitto.port, "observer", V5)
+        await observer.connect()
+        await observer.subscribe(("out/#", 0))
+        await node.connect().send(
+            "out/x", b"text", ttl=300, headers={"tag": ["a", "b"], "payload-format": "utf-8"}
+        )
+        message = await observer.receive()
+        properties = message.properties
+        assert 290 <= properties.MessageExpiryInterval <= 300
+        assert properties.PayloadFormatIndicator == 1
+        assert [p for p in properties.UserProperty if p[0] == "tag"] == [("tag", "a"), ("tag", "b")]
+        local = node.connect()
+        local.subscribe("in/>")
+        sent = user_properties([("tag", "c"), ("tag", "d")])
+        sent.PayloadFormatIndicator = 1
+        await observer.publish("in/y", b"text", qos=1, properties=sent)
+        await eventually(lambda: len(local.egress) >= 1)
+        got = local.receive_nowait()
+        assert got is not None
+        assert dict(got.headers) == {"tag": ["c", "d"], "payload-format": "utf-8"}
+
+
 async def test_qos1_loses_nothing_over_a_broker_restart(mosquitto: Mosquitto) -> None:
     async with Node(name="edge") as node:
         node.guaranteed.create_queue("inbox", subscriptions=["in/>"])

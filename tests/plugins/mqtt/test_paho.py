@@ -249,6 +249,40 @@ async def test_user_properties_and_request_reply_properties_cross_as_headers(
     assert sorted(props.UserProperty) == [("n", "1"), ("unit", "bar")]
 
 
+@pytest.mark.parametrize("qos", [0, 1])
+async def test_repeated_user_properties_and_the_payload_format_cross_unaltered(
+    node: Node, listener: MqttListener, qos: int
+) -> None:
+    # MQTT 5: a name may come more than once (every value kept, in order), and the
+    # payload format indicator goes to every subscriber as it was sent (MQTT-3.3.2-4).
+    native = node.connect(client_name="native")
+    native.subscribe("sensor/>")
+    reader = Paho(listener.port, "reader", V5)
+    await reader.connect()
+    await reader.subscribe(("sensor/#", qos))
+    writer = Paho(listener.port, "writer", V5)
+    await writer.connect()
+    properties = user_properties([("tag", "a"), ("unit", "bar"), ("tag", "b"), ("tag", "c")])
+    properties.PayloadFormatIndicator = 1
+    await writer.publish("sensor/1", b"1.5 bar", qos=qos, properties=properties)
+    got = await reader.receive()
+    assert got.properties.UserProperty == [
+        ("tag", "a"),
+        ("tag", "b"),
+        ("tag", "c"),
+        ("unit", "bar"),
+    ]
+    assert got.properties.PayloadFormatIndicator == 1
+    await eventually(lambda: len(native.egress) >= 1)
+    (seen,) = drain(native)
+    assert seen.headers == {"tag": ["a", "b", "c"], "unit": "bar", "payload-format": "utf-8"}
+    # without the indicator, none is sent; a native list of strings is one property each
+    native.publish("sensor/2", b"\x00", headers={"tag": ["x", "y"], "n": [1, 2]})
+    got = await reader.receive()
+    assert got.properties.UserProperty == [("tag", "x"), ("tag", "y"), ("n", "[1,2]")]
+    assert not hasattr(got.properties, "PayloadFormatIndicator")
+
+
 async def test_topic_aliases_from_the_client_are_resolved(
     node: Node, listener: MqttListener
 ) -> None:
