@@ -57,6 +57,14 @@ ADVERTISE_VERSION = 1
 _MISSING = object()
 
 
+def _name(link: dict[str, Any], key: str) -> str:
+    """A name a link's HELLO gives (its kind, its name, its node): a non-empty string."""
+    value = link.get(key)
+    if type(value) is not str or not value:
+        raise ProtocolError(f"HELLO link {key} must be a non-empty string")
+    return value
+
+
 def _text(header: dict[str, Any], key: str, what: str, *, default: Any = _MISSING) -> Any:
     value = header.get(key, default)
     if value is _MISSING or (type(value) is not str and not (value is None and default is None)):
@@ -120,9 +128,9 @@ class LinkLogin:
         if tls is not None and type(tls) is not bool:
             raise ProtocolError("HELLO link 'tls' must be a boolean")
         return cls(
-            _text(value, "kind", "HELLO link"),
-            _text(value, "name", "HELLO link"),
-            _text(value, "node", "HELLO link"),
+            _name(value, "kind"),
+            _name(value, "name"),
+            _name(value, "node"),
             optional["cluster"],
             optional["vpn"],
             tls,

@@ -682,11 +682,33 @@ async def test_a_message_to_a_topic_no_client_could_publish_to_is_not_taken(
         ({"kind": "bridge", "name": "x", "node": "n", "vpn": 3}, "'vpn' must be a string"),
         ({"kind": "bridge", "name": "x", "node": "n", "tls": "yes"}, "'tls' must be a boolean"),
         ({"kind": "bridge", "name": "x", "node": "n", "cluster": []}, "'cluster' must be a string"),
+        ({"kind": "", "name": "x", "node": "n"}, "kind must be a non-empty string"),
+        ({"kind": "bridge", "name": "", "node": "n"}, "name must be a non-empty string"),
+        ({"kind": "bridge", "name": "x", "node": ""}, "node must be a non-empty string"),
     ],
 )
 def test_what_a_link_says_of_itself_is_checked(link: dict[str, object], why: str) -> None:
     with pytest.raises(ProtocolError, match=why):
         ev.LinkLogin.decode(link)
+
+
+async def test_a_link_login_with_empty_names_is_a_protocol_error_not_a_crash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Found by the link fuzzer: an empty link kind passed the HELLO's checks, and the
+    # node then failed to write its own WELCOME ("internal error", logged as an error).
+    async with rig() as r:
+        peer = r.peer("empty")
+        peer.protocol.hello({"link": {"node": "", "kind": "", "name": ""}})
+        await peer.flush()
+        await peer.clock.settle()
+        with anyio.fail_after(5):
+            while not peer.ended:
+                await anyio.sleep(0.01)
+        assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+        assert "closing connection from empty: HELLO link kind must be a non-empty string" in (
+            caplog.text
+        )
 
 
 def test_what_a_link_says_of_itself_round_trips() -> None:
