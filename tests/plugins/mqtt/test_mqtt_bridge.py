@@ -175,17 +175,24 @@ async def test_a_two_way_everything_bridge_does_not_loop(
             assert bridge.statistics().dropped.get("duplicate") == 2
 
 
+async def _out_and_in(node: Node, mosquitto: Mosquitto) -> Paho:
+    """An MQTT 5 bridge sending ``out/>`` to the broker and taking ``in/>`` from it, and
+    a broker client that sees what goes out (and may publish what comes in)."""
+    await _open(
+        node,
+        mosquitto,
+        5,
+        topics=[TopicMapping("out/>", mode="PUB"), TopicMapping("in/>", mode="SUB")],
+    )
+    observer = Paho(mosquitto.port, "observer", V5)
+    await observer.connect()
+    await observer.subscribe(("out/#", 0))
+    return observer
+
+
 async def test_hop_counts_travel_as_the_hivemq_user_property(mosquitto: Mosquitto) -> None:
     async with Node(name="edge") as node:
-        await _open(
-            node,
-            mosquitto,
-            5,
-            topics=[TopicMapping("out/>", mode="PUB"), TopicMapping("in/>", mode="SUB")],
-        )
-        observer = Paho(mosquitto.port, "observer", V5)
-        await observer.connect()
-        await observer.subscribe(("out/#", 0))
+        observer = await _out_and_in(node, mosquitto)
         node.connect().publish("out/x", b"1")
         message = await observer.receive()
         assert ("hmq-bridge-hop-count", "1") in message.properties.UserProperty
@@ -211,15 +218,7 @@ async def test_the_bridge_forwards_expiry_payload_format_and_repeated_properties
     # left of the TTL as the expiry interval, the payload format, a list header as one
     # user property per value; and back the same way.
     async with Node(name="edge") as node:
-        await _open(
-            node,
-            mosquitto,
-            5,
-            topics=[TopicMapping("out/>", mode="PUB"), TopicMapping("in/>", mode="SUB")],
-        )
-        observer = Paho(mosquitto.port, "observer", V5)
-        await observer.connect()
-        await observer.subscribe(("out/#", 0))
+        observer = await _out_and_in(node, mosquitto)
         await node.connect().send(
             "out/x", b"text", ttl=300, headers={"tag": ["a", "b"], "payload-format": "utf-8"}
         )
