@@ -190,27 +190,42 @@ class Session:
         reply_to: str | None = None,
         correlation_id: str | None = None,
         retain: bool = False,
+        ttl: float | None = None,
     ) -> None:
         """Publish a direct message. Returns at once; never blocks on slow consumers.
 
         :param retain: keep it as the topic's last value, for subscriptions made later
             (SPEC 12; needs the ``retained`` plugin); an empty payload clears the value.
+        :param ttl: seconds it stays valid (``None`` or 0: no limit). A retained value
+            is dropped once it expires, and a receiver is told the time it has left
+            (an MQTT subscriber as the message expiry interval).
 
         :raises InvalidTopicError: the topic is not valid (SPEC 1).
         :raises AccessDeniedError: the ACL profile denies publishing to it.
         :raises PublishRejectedError: the headers, reply-to and correlation id are over
             the :data:`~meshbus.HEADER_LIMITS` (``"headers-too-large"``,
-            ``"headers-too-deep"``).
+            ``"headers-too-deep"``), or the ``ttl`` is not a finite number >= 0
+            (``"invalid-ttl"``).
         :raises StateError: the session is closed.
         """
         if topic not in self._admitted:
             self._admit(topic)
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        if headers is None and reply_to is None and correlation_id is None and not retain:
+        if (
+            headers is None
+            and reply_to is None
+            and correlation_id is None
+            and not retain
+            and ttl is None
+        ):
             options = ELIGIBLE_OPTIONS if eliding_eligible else DEFAULT_OPTIONS
             size = len(payload)
         else:
+            expires_at = None
+            if ttl is not None:
+                check_ttl(ttl)
+                expires_at = self._time() + ttl if ttl else None
             # Only here, with settings to check: a plain publish pays nothing for limits.
             if headers is None:  # a request or a reply, most likely: strings only
                 headers = _NO_HEADERS
@@ -231,7 +246,7 @@ class Session:
                 False,
                 None,
                 None,
-                None,
+                expires_at,
                 retain,
                 False,
                 size,

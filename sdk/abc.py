@@ -325,6 +325,7 @@ class SessionAPI(Protocol):
         reply_to: str | None = None,
         correlation_id: str | None = None,
         retain: bool = False,
+        ttl: float | None = None,
     ) -> None:
         """Publish a direct message; never waits for subscribers."""
 

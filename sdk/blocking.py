@@ -411,6 +411,7 @@ class BlockingSession(Generic[SessionT]):
         reply_to: str | None = None,
         correlation_id: str | None = None,
         retain: bool = False,
+        ttl: float | None = None,
     ) -> None:
         """Publish a direct message (see :meth:`meshbus.Session.publish`)."""
         self.loop.call(
@@ -423,6 +424,7 @@ class BlockingSession(Generic[SessionT]):
                 reply_to=reply_to,
                 correlation_id=correlation_id,
                 retain=retain,
+                ttl=ttl,
             )
         )
 

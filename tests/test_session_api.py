@@ -23,6 +23,7 @@ from meshbus import (
     InvalidTopicError,
     Message,
     Node,
+    PublishRejectedError,
     Session,
     StateError,
 )
@@ -141,6 +142,38 @@ async def test_what_it_publishes_arrives_whole(session: Any, peer: Session) -> N
     assert dict(first.headers) == {"k": [1, "v"]}
     assert (first.reply_to, first.correlation_id) == ("inbox/me", "c-1")
     assert second.payload == b"text"
+
+
+async def test_a_direct_message_keeps_its_time_to_live_both_ways(
+    session: Any, peer: Session, node: Node
+) -> None:
+    peer.subscribe("out/>")
+    session.subscribe("in/>")
+    await session.confirm()
+    session.publish("out/1", b"x", ttl=30)
+    session.publish("out/2", b"y", ttl=0)  # 0: no limit, as for send()
+    peer.publish("in/1", b"z", ttl=30)
+    await session.confirm()
+    limited, unlimited = drain(peer)
+    got = await session.receive()
+    now = node.clock.time()
+    assert limited.expires_at is not None
+    assert now + 25 < limited.expires_at <= now + 30
+    assert unlimited.expires_at is None
+    assert got.expires_at is not None
+    assert now + 25 < got.expires_at <= now + 30
+
+
+@pytest.mark.parametrize("ttl", [-1, float("inf"), float("nan"), True, "5"])
+async def test_a_bad_time_to_live_is_refused_at_the_call(
+    session: Any, peer: Session, ttl: Any
+) -> None:
+    peer.subscribe("out/>")
+    with pytest.raises(PublishRejectedError) as caught:
+        session.publish("out/1", b"x", ttl=ttl)
+    assert caught.value.reason == "invalid-ttl"
+    await session.confirm()
+    assert drain(peer) == []
 
 
 async def test_unsubscribing_stops_delivery_and_is_a_no_op_when_not_held(

@@ -288,6 +288,7 @@ class ServedSession:
         correlation_id = options.get("c")
         eliding = options.get("e", False)
         retain = options.get("rt", False)
+        ttl = options.get("x")
         if headers is not None and type(headers) is not dict:
             raise ProtocolError("PUBLISH headers must be an object")
         if reply_to is not None and type(reply_to) is not str:
@@ -298,6 +299,8 @@ class ServedSession:
             raise ProtocolError("PUBLISH eliding flag must be a boolean")
         if type(retain) is not bool:
             raise ProtocolError("PUBLISH retain flag must be a boolean")
+        if ttl is not None and type(ttl) is not int and type(ttl) is not float:
+            raise ProtocolError("PUBLISH time to live must be a number")  # its value: publish()
         self.session.publish(
             topic,
             payload,
@@ -306,6 +309,7 @@ class ServedSession:
             reply_to=reply_to,
             correlation_id=correlation_id,
             retain=retain,
+            ttl=ttl,
         )
 
     @property

@@ -17,7 +17,7 @@ import attrs
 
 from meshbus._egress import Egress
 from meshbus._messages import Message
-from meshbus._session import as_bytes
+from meshbus._session import as_bytes, check_ttl
 from meshbus._topics import parse_subscription, validate_topic
 from meshbus.errors import (
     InvalidTopicError,
@@ -143,6 +143,7 @@ class SessionCalls:
         reply_to: str | None = None,
         correlation_id: str | None = None,
         retain: bool = False,
+        ttl: float | None = None,
     ) -> None:
         """Publish a direct message: buffered and written by a background task.
 
@@ -151,7 +152,8 @@ class SessionCalls:
 
         :raises InvalidTopicError: the topic is not valid.
         :raises PublishRejectedError: the headers are over :data:`meshbus.HEADER_LIMITS`,
-            or the message is larger than the node reads (``"too-large"``).
+            the ``ttl`` is not a finite number >= 0 (``"invalid-ttl"``), or the message
+            is larger than the node reads (``"too-large"``).
         :raises TypeError: the headers are not JSON-serializable.
         :raises LimitExceededError: more than ``max_send_buffer`` bytes are waiting to
             be written (``await session.flush()`` and publish again).
@@ -180,6 +182,7 @@ class SessionCalls:
             and reply_to is None
             and correlation_id is None
             and not retain
+            and ttl is None
         ):
             if size > self._publish_room:  # near the node's frame limit: measure the frame
                 check_publish(topic, payload, None, self.node_max_frame_size, self.url)
@@ -189,6 +192,11 @@ class SessionCalls:
             if retain:
                 options["rt"] = True
                 extra += 10
+            if ttl is not None:
+                check_ttl(ttl)
+                if ttl:  # the time it has left: the node counts it from when it reads it
+                    options["x"] = ttl
+                    extra += 30
             size += extra
             if size > self._publish_room:
                 check_publish(topic, payload, options, self.node_max_frame_size, self.url)

@@ -722,7 +722,13 @@ class MqttConnection(Subscribing, Delivering):
         assert session is not None
         options = publish_options(packet) if codec.v5 else {}
         try:
-            session.publish(topic, packet.payload, retain=packet.retain, **options)
+            session.publish(
+                topic,
+                packet.payload,
+                retain=packet.retain,
+                ttl=packet.message_expiry_interval,  # None on MQTT 3.1.1
+                **options,
+            )
         except InvalidTopicError as exc:
             raise Closed(f"topic {topic!r} is not valid: {exc}", TOPIC_NAME_INVALID) from None
         except (AccessDeniedError, PublishRejectedError) as exc:

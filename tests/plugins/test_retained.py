@@ -159,6 +159,18 @@ async def test_values_expire_with_their_ttl() -> None:
         assert [m.payload for m in drain(late)] == [b"forever"]
 
 
+async def test_a_direct_value_expires_with_its_ttl_too() -> None:
+    clock = ManualClock()
+    async with Node(clock=clock) as node:
+        session = node.connect()
+        session.publish("e", b"short", ttl=5, retain=True)
+        session.publish("f", b"forever", retain=True)
+        clock.advance(6)
+        late = node.connect()
+        late.subscribe(">")
+        assert [m.payload for m in drain(late)] == [b"forever"]
+
+
 async def test_without_the_plugin_a_retained_publish_is_a_configuration_error() -> None:
     async with Node(plugins=["direct"]) as node:
         with pytest.raises(ConfigurationError, match="'retained' plugin"):

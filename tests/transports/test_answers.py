@@ -255,3 +255,41 @@ async def test_every_pipelined_request_gets_exactly_one_answer() -> None:
                 exc.add_note(f"case {n}: {case!r}")
                 raise
             await client.hang_up()
+
+
+async def test_a_direct_publish_with_a_bad_time_to_live_is_refused_alone() -> None:
+    async with serving() as (node, server, tg):
+        watcher = node.connect(client_name="watcher")
+        watcher.subscribe("t/>")
+        client = Client(server, tg, "ttl-publisher")
+        await client.login()
+        client.protocol.send(K.PUBLISH, ["t/1", {"x": -1}], b"x")
+        client.protocol.send(K.PUBLISH, ["t/2", {"x": 5}], b"x")
+        client.protocol.send(K.REQUEST, {"id": 1, "what": "sync"})
+        await client.flush()
+        with anyio.fail_after(5):  # every publish before the round trip is applied
+            while not any(kind == K.OK and h.get("id") == 1 for kind, h, _ in client.frames):
+                await client.read()
+        refused = [h for kind, h, _ in client.frames if kind == K.ERROR]
+        assert [(h["topic"], h["attrs"]["reason"]) for h in refused] == [("t/1", "invalid-ttl")]
+        delivered = list(iter(watcher.receive_nowait, None))
+        assert [m.topic for m in delivered] == ["t/2"]
+        expires_at = delivered[0].expires_at
+        assert expires_at is not None
+        assert node.clock.time() < expires_at <= node.clock.time() + 5
+        await client.hang_up()
+
+
+async def test_a_time_to_live_that_is_not_a_number_is_a_protocol_error() -> None:
+    async with serving() as (node, server, tg):
+        watcher = node.connect(client_name="watcher")
+        watcher.subscribe("t/>")
+        for n, ttl in enumerate(["soon", True, [5]]):
+            client = Client(server, tg, f"ttl-{n}")
+            await client.login()
+            client.protocol.send(K.PUBLISH, ["t/1", {"x": ttl}], b"x")
+            await client.flush()
+            with anyio.fail_after(5):
+                await client.served.wait()  # the node closed the connection
+            await client.hang_up()
+        assert watcher.receive_nowait() is None

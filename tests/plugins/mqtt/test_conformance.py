@@ -175,6 +175,54 @@ async def test_a_message_that_expired_in_the_queue_is_not_sent() -> None:
             assert again.payloads() == []
 
 
+async def test_a_qos_0_message_keeps_its_expiry_interval() -> None:
+    # MQTT-3.3.2-6: a QoS 0 message goes out with the interval it has left, as QoS 1 does.
+    clock = ManualClock()
+    async with Node(name="edge", clock=clock) as node:
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        device = await login(listener.port, connect("watcher"))
+        async with device.stream:
+            await device.stream.send(subscribe(1, ("news/#", 0)))
+            await device.take(mqtt5.SubAckPacket)
+            sender = await login(listener.port, connect("sender"))
+            async with sender.stream:
+                await sender.stream.send(
+                    mqtt5.PublishPacket(
+                        "news/1", b"soon stale", message_expiry_interval=100
+                    ).write()
+                    + mqtt5.PublishPacket("news/2", b"good for ever").write()
+                )
+                first = await device.take(mqtt5.PublishPacket)
+                second = await device.take(mqtt5.PublishPacket)
+        assert (first.topic, first.message_expiry_interval) == ("news/1", 100)
+        assert (second.topic, second.message_expiry_interval) == ("news/2", None)
+
+
+async def test_a_retained_qos_0_value_goes_when_it_expires() -> None:
+    # MQTT-3.3.2-5: once its interval has passed, no new subscriber gets it.
+    clock = ManualClock()
+    async with Node(name="edge", clock=clock) as node:
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        sender = await login(listener.port, connect("sender"))
+        async with sender.stream:
+            await sender.stream.send(
+                mqtt5.PublishPacket(
+                    "kept/short", b"x", retain=True, message_expiry_interval=2
+                ).write()
+                + mqtt5.PublishPacket("kept/long", b"y", retain=True).write()
+                + mqtt5.PingReqPacket().write()
+            )
+            await sender.take(mqtt5.PingRespPacket)  # the node read both publishes
+        clock.advance(5)
+        late = await login(listener.port, connect("late"))
+        async with late.stream:
+            await late.stream.send(subscribe(1, ("kept/#", 0)))
+            await late.take(mqtt5.SubAckPacket)
+            node.connect().publish("kept/marker", b"after the retained values")
+            await late.read_until(lambda: b"after the retained values" in late.payloads())
+            assert late.payloads() == [b"y", b"after the retained values"]
+
+
 # --- refused client ids get the code for that (MQTT-3.1.3-8; 3.1.1 MQTT-3.1.3-9) ----------
 
 
