@@ -101,13 +101,21 @@ class PendingWill:
             raise ValueError("bad will options")
         headers = options.get("headers", {})
         if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+            isinstance(k, str) and _property_value(v) for k, v in headers.items()
         ):
             raise ValueError("bad will headers")
         for key in ("reply_to", "correlation_id"):
             if not isinstance(options.get(key, ""), str):
                 raise ValueError(f"bad will {key}")
         return cls(topic, payload, qos, retain, delay, ttl, options, username)
+
+
+def _property_value(value: object) -> bool:
+    """Whether ``value`` is what a will's user property name holds as a header: a
+    string, or a list of them for a name that came more than once."""
+    if isinstance(value, list):
+        return len(value) > 1 and all(isinstance(v, str) for v in value)
+    return isinstance(value, str)
 
 
 def _seconds(value: object) -> bool:
@@ -123,7 +131,9 @@ async def publish_will(session: Session, will: PendingWill, client_id: str) -> b
                 will.topic, will.payload, ttl=will.ttl, retain=will.retain, **will.options
             )
         else:
-            session.publish(will.topic, will.payload, retain=will.retain, **will.options)
+            session.publish(
+                will.topic, will.payload, retain=will.retain, ttl=will.ttl, **will.options
+            )
     except MeshbusError as exc:
         log.warning("will of MQTT client %r not published: %s", client_id, exc)
         return False

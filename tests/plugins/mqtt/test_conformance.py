@@ -198,6 +198,25 @@ async def test_a_qos_0_message_keeps_its_expiry_interval() -> None:
         assert (second.topic, second.message_expiry_interval) == ("news/2", None)
 
 
+async def test_a_qos_0_will_keeps_its_expiry_interval() -> None:
+    clock = ManualClock()
+    async with Node(name="edge", clock=clock) as node:
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        watcher = await login(listener.port, connect("watcher"))
+        async with watcher.stream:
+            await watcher.stream.send(subscribe(1, ("status/#", 0)))
+            await watcher.take(mqtt5.SubAckPacket)
+            will = mqtt5.Will("status/device", payload=b"gone", message_expiry_interval=60)
+            device = await login(listener.port, connect("device", will=will))
+            await device.stream.aclose()  # no DISCONNECT: the will goes
+            got = await watcher.take(mqtt5.PublishPacket)
+        assert (got.topic, got.payload, got.message_expiry_interval) == (
+            "status/device",
+            b"gone",
+            60,
+        )
+
+
 async def test_a_retained_qos_0_value_goes_when_it_expires() -> None:
     # MQTT-3.3.2-5: once its interval has passed, no new subscriber gets it.
     clock = ManualClock()

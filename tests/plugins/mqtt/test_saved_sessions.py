@@ -7,15 +7,17 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import mqtt5
 import orjson
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from meshbus import Node
+from meshbus import ClientUsername, Node
 from meshbus.plugins.mqtt import MqttListener, MqttListenerSettings, start_mqtt_listener
 from meshbus.plugins.mqtt._listener import REGISTRY
 from meshbus.plugins.mqtt._saved_sessions import SavedSession
+from meshbus.plugins.mqtt._wills import PendingWill
 from meshbus.testing import ManualClock
 
 from ._clients import V5, V311, Paho, eventually
@@ -230,6 +232,16 @@ def test_a_session_file_reads_back_what_was_written() -> None:
     assert untaken.received == []
 
 
+def test_a_will_whose_user_property_name_repeats_reads_back() -> None:
+    will = mqtt5.Will(
+        "status/c", payload=b"gone", user_properties=[("site", "north"), ("site", "dock 4")]
+    )
+    pending = PendingWill.of(will, True, "devices", ClientUsername("devices"))
+    saved = SavedSession.from_json(orjson.dumps({**GOOD, "will": pending.to_json()}))
+    assert saved.will is not None
+    assert saved.will.options == {"headers": {"site": ["north", "dock 4"]}}
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -264,6 +276,8 @@ def test_a_session_file_reads_back_what_was_written() -> None:
         ({"will": {**GOOD_WILL, "delay": -1}}, "bad will delay"),
         ({"will": {**GOOD_WILL, "options": {"ttl": 1}}}, "bad will options"),
         ({"will": {**GOOD_WILL, "options": {"headers": {"a": 1}}}}, "bad will headers"),
+        ({"will": {**GOOD_WILL, "options": {"headers": {"a": ["1", 2]}}}}, "bad will headers"),
+        ({"will": {**GOOD_WILL, "options": {"headers": {"a": ["1"]}}}}, "bad will headers"),
         ({"will": {**GOOD_WILL, "options": {"reply_to": 1}}}, "bad will reply_to"),
     ],
 )
