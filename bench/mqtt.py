@@ -41,6 +41,10 @@ What is measured, every process on 127.0.0.1:
   (100)``); msg/s from the publisher's first publish to the subscriber's last message,
   and in parentheses the publisher's rate until its last PUBACK. The subscriber checks
   it got every message, in order.
+* ``mqtt qos1 cpu`` (context): over each QoS 1 run, the broker process's CPU time
+  (user + system, every thread, from /proc) per message, and the two clients' own
+  (``time.process_time()`` over their timed part) per message; with the machine's
+  cores, what those allow at most.
 * ``mqtt codec``: in this process, ``meshbus.plugins.mqtt.Codec(5)`` and ``Codec(4)``:
   ``codec.read`` of a QoS 1 PUBLISH with a 256-byte payload plus ``codec.publish`` of
   it back (what the listener does for a message in and out); thread CPU time per
@@ -132,9 +136,31 @@ log_type warning
 # --- brokers --------------------------------------------------------------------------------
 
 
+@dataclass
+class Started:
+    """A broker that is up: its MQTT port, and its process when it is one of its own."""
+
+    port: int
+    pid: int | None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of the process ``pid`` (all its threads) so far, from
+    /proc; None where that cannot be read."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the fields after the command name, which is in parentheses and may hold spaces
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def meshbus_mqtt(work: Path, store: Path, durability: str = "full") -> Iterator[int]:
-    """A ``meshbus run`` node with an MQTT listener; yields the listener's port."""
+def meshbus_mqtt(work: Path, store: Path, durability: str = "full") -> Iterator[Started]:
+    """A ``meshbus run`` node with an MQTT listener."""
     run = next(_runs)
     port = _peers.free_port()
     config = work / f"meshbus-mqtt-{run}.toml"
@@ -153,12 +179,12 @@ def meshbus_mqtt(work: Path, store: Path, durability: str = "full") -> Iterator[
     with Child(f"meshbus-run-{run}", argv, work) as node:
         node.expect("listening on", READY_TIMEOUT)  # printed once every listener is up
         _peers.wait_port(port, node)
-        yield port
+        yield Started(port, node.proc.pid)
 
 
 @contextlib.contextmanager
-def mosquitto_persistent(work: Path, store: Path) -> Iterator[int]:
-    """mosquitto on 127.0.0.1 with persistence on; yields the port."""
+def mosquitto_persistent(work: Path, store: Path) -> Iterator[Started]:
+    """mosquitto on 127.0.0.1 with persistence on."""
     path = _peers.mosquitto_path()
     if path is None:
         raise PeerError("mosquitto not installed (run scripts/bench-peers)")
@@ -172,19 +198,25 @@ def mosquitto_persistent(work: Path, store: Path) -> Iterator[int]:
     )
     with Child(f"mosquitto-{run}", [path, "-c", str(conf)], work) as child:
         _peers.wait_port(port, child)
-        yield port
+        yield Started(port, child.proc.pid)
+
+
+@contextlib.contextmanager
+def amqtt_started(work: Path, store: Path) -> Iterator[Started]:
+    with _peers.amqtt_broker(work) as port:
+        yield Started(port, None)
 
 
 @dataclass
 class Broker:
     name: str
-    start: Callable[[Path, Path], AbstractContextManager[int]]
+    start: Callable[[Path, Path], AbstractContextManager[Started]]
     qos1: bool  # whether the QoS 1 figure is measured on it
     available: Callable[[], str | None]  # None, or why it is skipped
     qos0: bool = True  # whether QoS 0 and round trips are measured on it
 
 
-def meshbus_relaxed(work: Path, store: Path) -> AbstractContextManager[int]:
+def meshbus_relaxed(work: Path, store: Path) -> AbstractContextManager[Started]:
     return meshbus_mqtt(work, store, "relaxed")
 
 
@@ -196,7 +228,7 @@ BROKERS = [
     Broker("mosquitto", mosquitto_persistent, True, need_mosquitto),
     Broker(
         "amqtt",
-        lambda work, store: _peers.amqtt_broker(work),
+        amqtt_started,
         False,
         lambda: transport._mqtt_missing() or transport._need_amqtt(),
     ),
@@ -213,10 +245,13 @@ class Figures:
     qos0: Contender
     qos1: Contender
     qos1_acked: list[float]  # publisher's rate until its last PUBACK, per run
+    qos1_cpu: list[float]  # the broker process's CPU time per QoS 1 message (us), per run
+    qos1_clients_cpu: list[float]  # the QoS 1 clients' CPU time per message (us), per run
 
 
-def measure_qos1(work: Path, url: str, messages: int) -> tuple[float, float]:
-    """One run: ``q1-sub`` ready, then ``q1-pub``; (end-to-end msg/s, publisher's msg/s)."""
+def measure_qos1(work: Path, url: str, messages: int) -> tuple[float, float, float]:
+    """One run: ``q1-sub`` ready, then ``q1-pub``; (end-to-end msg/s, publisher's msg/s,
+    the two clients' CPU time per message in us)."""
     args = ["--url", url, "--messages", str(messages)]
     timeout = transport.publish_timeout(messages)
     with role("q1-sub", work, *args) as sub:
@@ -233,6 +268,7 @@ def measure_qos1(work: Path, url: str, messages: int) -> tuple[float, float]:
     return (
         messages / (got["last"] - sent["start"]),
         messages / (sent["end"] - sent["start"]),
+        (got["cpu"] + sent["cpu"]) / messages * 1e6,
     )
 
 
@@ -240,7 +276,7 @@ def run_brokers(work: Path, store: Path, brokers: list[Broker], args: Any) -> di
     """Every broker once per run, in a rotating order; a broker that fails is not run
     again (its entry is then the failure's text)."""
     found: dict[str, Any] = {
-        b.name: Figures(Contender(b.name), Contender(b.name), []) for b in brokers
+        b.name: Figures(Contender(b.name), Contender(b.name), [], [], []) for b in brokers
     }
     for r in range(args.runs):
         shift = r % len(brokers)
@@ -250,16 +286,21 @@ def run_brokers(work: Path, store: Path, brokers: list[Broker], args: Any) -> di
                 continue
             n = args.messages // AMQTT_SHARE if broker.name == "amqtt" else args.messages
             try:
-                with broker.start(work, store) as port:
-                    url = f"mqtt://{HOST}:{port}"
+                with broker.start(work, store) as started:
+                    url = f"mqtt://{HOST}:{started.port}"
                     t = trips = None
                     if broker.qos0:
                         t = transport.measure_throughput(work, "mqtt", url, max(1, n), [])
                         trips = transport.measure_rtt(work, "mqtt", url, args.requests, [])
                     if broker.qos1:
-                        rate, acked = measure_qos1(work, url, args.qos1)
+                        before = cpu_seconds(started.pid)
+                        rate, acked, clients = measure_qos1(work, url, args.qos1)
+                        after = cpu_seconds(started.pid)
                         figures.qos1.rates.append(rate)
                         figures.qos1_acked.append(acked)
+                        figures.qos1_clients_cpu.append(clients)
+                        if before is not None and after is not None:
+                            figures.qos1_cpu.append((after - before) / args.qos1 * 1e6)
             except PeerError as exc:
                 found[broker.name] = failure(exc)
                 continue
@@ -345,6 +386,25 @@ def broker_phase(work: Path, store: Path, args: argparse.Namespace) -> None:
         say(
             f"{line} (publisher -> QoS 1 subscriber; publisher's PUBACKs at {acked:,.0f} msg/s; "
             f"{args.qos1:,} x {PAYLOAD_SIZE} B, {INFLIGHT} in flight, persistence on; {runs})"
+        )
+
+    # CPU per QoS 1 message, the broker's and its clients': steadier on a shared machine
+    # than the rate, and with the cores it says where a run's time went
+    cores = os.cpu_count() or 1
+    for name, f in ok.items():
+        if not f.qos1_cpu or not f.qos1_clients_cpu:
+            continue
+        mine = statistics.median(f.qos1_cpu)
+        clients = statistics.median(f.qos1_clients_cpu)
+        line = f"mqtt qos1 cpu {name}: broker {mine:,.1f} us/msg, clients {clients:,.1f} us/msg"
+        if name != "mosquitto" and "mosquitto" in ok and ok["mosquitto"].qos1_cpu:
+            theirs = statistics.median(ok["mosquitto"].qos1_cpu)
+            line += f" (broker {ratio(mine, theirs):.1f}x mosquitto's {theirs:,.1f} us/msg)"
+        ceiling = cores / (mine + clients) * 1e6
+        say(
+            f"{line} (context: user + system CPU time per message over a QoS 1 run, the "
+            f"broker's threads, then the publisher's and subscriber's together; "
+            f"{cores} cores for all three cap the rate near {ceiling:,.0f} msg/s; {runs})"
         )
 
     if args.verbose:
@@ -471,6 +531,7 @@ def qos1_sub(url: str, messages: int) -> None:
         if getattr(granted, "value", granted) != 1:
             raise PeerError(f"QoS 1 subscription answered with {granted}")
         _peers.say("READY")
+        cpu = time.process_time()
         watch = [0.0, _peers.clock()]
         loop = client.loop
         while not _peers.should_stop(tally, messages, finished, watch):
@@ -483,6 +544,7 @@ def qos1_sub(url: str, messages: int) -> None:
             expected=messages,
             first=tally.first,
             last=tally.last,
+            cpu=time.process_time() - cpu,
             **state,
         )
     finally:
@@ -505,6 +567,7 @@ def qos1_pub(url: str, messages: int) -> None:
         publish, loop = client.publish, client.loop
         deadline = _peers.clock() + transport.publish_timeout(messages)
         t0 = _peers.clock()
+        cpu = time.process_time()
         for i, p in enumerate(data):
             while i - acked[0] >= INFLIGHT:  # the window is full: wait for PUBACKs
                 if loop(timeout=1.0) or _peers.clock() > deadline:
@@ -516,7 +579,7 @@ def qos1_pub(url: str, messages: int) -> None:
         t1 = _peers.clock()
         if failed:
             raise PeerError(f"{len(failed)} publishes refused: {failed[0]}")
-        say_result(start=t0, end=t1, sent=messages)
+        say_result(start=t0, end=t1, sent=messages, cpu=time.process_time() - cpu)
     finally:
         client.disconnect()
 
