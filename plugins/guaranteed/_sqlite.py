@@ -34,6 +34,9 @@ Threading: every SQLite call runs through ``anyio.to_thread.run_sync`` with the 
 ``CapacityLimiter(1)``, so one thread at a time uses the connection (opened with
 ``check_same_thread=False`` because anyio may pick another pool thread each time), and
 the event loop never blocks on the disk. Reads queue behind commits on that limiter.
+A read of what an endpoint's consumer has not seen yet, once it has read everything,
+is answered from the committed puts the store keeps in memory (``_tail.py``): a
+consumer that keeps up gets each message without a trip to the worker thread.
 
 The file is opened with ``locking_mode=EXCLUSIVE``: a second process (or store) on the
 same file gets :class:`~meshbus.SpoolError` instead of sharing, and SQLite needs no
@@ -52,20 +55,18 @@ import anyio
 from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from ._sqlite_sql import (
-    _ADD_TO_ENDPOINT,
     _CHECKS,
     _DELETE_REF,
     _DROP_ENDPOINT,
     _DROP_REFS,
     _ENDPOINT_FIGURES,
-    _INSERT_MESSAGE,
-    _INSERT_REF,
     _MARK_REF,
     _READ,
     _READ_EXPIRED,
     _SCHEMA,
     _SET_NEXT_ID,
     SCHEMA_VERSION,
+    _insert,
 )
 from ._store import (
     DEFAULT_PAGE,
@@ -85,6 +86,7 @@ from ._store import (
     validate_page,
     validate_put_and_ack,
 )
+from ._tail import TailCache
 
 __all__ = ["SqliteStore"]
 
@@ -176,6 +178,10 @@ class SqliteStore(SpoolStore):
         # References this open store wrote already marked delivered (NewMessage.marked)
         # and that mark_delivered has not counted yet: reads report them undelivered.
         self._premarked: set[tuple[str, int]] = set()
+        # What consumers that keep up read next, as committed (see _tail.py); the number
+        # of the last commit the worker ran (set by it) and of the last the cache took.
+        self._tail = TailCache()
+        self._commit_number = self._ran = self._cached = 0
         self._commits = self._syncs = self._records = 0
 
     def __repr__(self) -> str:
@@ -197,6 +203,7 @@ class SqliteStore(SpoolStore):
         self._pending = _Batch()
         self._committed = committed
         self._premarked = set()
+        self._tail = TailCache()
         self._commits = self._syncs = self._records = 0
 
     def _connect(self) -> tuple[sqlite3.Connection, int, dict[str, tuple[int, int]]]:
@@ -245,6 +252,7 @@ class SqliteStore(SpoolStore):
         with anyio.CancelScope(shield=True):  # never leave the file half-closed
             await self._wait_idle()
             await anyio.to_thread.run_sync(self._disconnect, conn, limiter=self._limiter)
+        self._tail.clear()
 
     def _disconnect(self, conn: sqlite3.Connection) -> None:
         self._conn = None  # under the limiter: a read queued before us has finished
@@ -458,12 +466,14 @@ class SqliteStore(SpoolStore):
         self._inflight = batch
         tickets = batch.tickets
         sync = self._full and any(ticket.sync for ticket in tickets)
+        self._commit_number += 1
+        number = self._commit_number
         outcome: _Outcome | None = None
         error: SpoolError | None = None
         try:
             with anyio.CancelScope(shield=True):
                 outcome = await anyio.to_thread.run_sync(
-                    self._apply, tickets, sync, limiter=self._limiter
+                    self._apply, tickets, sync, number, limiter=self._limiter
                 )
         except SpoolError as exc:
             error = exc
@@ -472,13 +482,16 @@ class SqliteStore(SpoolStore):
             error.__cause__ = exc
         finally:
             self._inflight = None
+            self._cached = number
             if outcome is None:
+                self._tail.clear()  # an interrupted commit may be on disk all the same
                 if error is None:  # interrupted (KeyboardInterrupt...): state unknown
                     error = SpoolError(f"spool {self.path!r}: commit interrupted")
             else:
                 counts, figures = outcome
                 for ticket, count in zip(tickets, counts, strict=True):
                     ticket.result = count
+                    self._cache(ticket)
                 for name, (messages, size) in figures.items():
                     if messages:
                         self._committed[name] = (messages, size)
@@ -497,6 +510,20 @@ class SqliteStore(SpoolStore):
             if batch.shared is not None:
                 batch.shared.set()
             self._hand_off()
+
+    def _cache(self, ticket: _Ticket) -> None:
+        """Tell the tail cache what a committed ticket changed (in commit order)."""
+        kind, tail = ticket.kind, self._tail
+        if kind in (_PUT, _PUT_ACK):
+            tail.put(ticket.args[0], ticket.args[1])
+            if kind == _PUT_ACK:
+                tail.ack(ticket.endpoint, [i for _, i in ticket.args[2]])
+        elif kind == _ACK:
+            tail.ack(ticket.endpoint, [i for _, i in ticket.args])
+        elif kind == _MARK:
+            tail.mark(ticket.endpoint, [i for _, i in ticket.args])
+        else:
+            tail.drop(ticket.endpoint)
 
     def _forget_marks(self, ticket: _Ticket) -> None:
         """A put that will not be stored: its references are not premarked after all."""
@@ -527,8 +554,9 @@ class SqliteStore(SpoolStore):
 
     # -- worker thread ----------------------------------------------------------------
 
-    def _apply(self, tickets: list[_Ticket], sync: bool) -> _Outcome:
+    def _apply(self, tickets: list[_Ticket], sync: bool, number: int) -> _Outcome:
         """Run ``tickets`` in one transaction (worker thread, under the limiter)."""
+        self._ran = number
         conn = self._conn
         assert conn is not None  # close() waits for the leaders
         counts: list[int] = []
@@ -594,6 +622,12 @@ class SqliteStore(SpoolStore):
                     conn.execute("ROLLBACK")
             raise SpoolError(f"spool {self.path!r}: commit failed: {exc}") from exc
         return counts, figures
+
+    def _read_numbered(
+        self, endpoint: str, after_id: int, limit: int, max_bytes: int | None
+    ) -> tuple[list[SpoolEntry], int]:
+        """:meth:`_read`, and the number of the last commit run before it."""
+        return self._read(endpoint, after_id, limit, max_bytes), self._ran
 
     def _read(
         self, endpoint: str, after_id: int, limit: int, max_bytes: int | None
@@ -683,9 +717,19 @@ class SqliteStore(SpoolStore):
         self._check_open()
         validate_endpoint(endpoint)
         validate_page(after_id, limit, max_bytes)
-        return await anyio.to_thread.run_sync(
-            self._read, endpoint, after_id, limit, max_bytes, limiter=self._limiter
+        await checkpoint()
+        self._check_open()
+        cached = self._tail.read(endpoint, after_id, limit, max_bytes, self._premarked)
+        if cached is not None:
+            return cached
+        page, ran = await anyio.to_thread.run_sync(
+            self._read_numbered, endpoint, after_id, limit, max_bytes, limiter=self._limiter
         )
+        if len(page) < limit and max_bytes is None and ran == self._cached:
+            # All of it, and the cache took in just the commits before the read: it
+            # follows the endpoint from here (see _tail.py).
+            self._tail.follow(endpoint, page[-1].message.id if page else after_id)
+        return page
 
     async def read_expired(
         self, endpoint: str, after_id: int, now: float, limit: int = DEFAULT_PAGE
@@ -752,17 +796,3 @@ def _merge(into: dict[str, list[int]], delta: dict[str, list[int]], sign: int = 
         else:
             figures[0] += sign * messages
             figures[1] += sign * size
-
-
-def _insert(
-    conn: sqlite3.Connection,
-    rows: list[Any],
-    refs: list[Any],
-    delta: dict[str, list[int]],
-    touched: dict[str, None],
-) -> None:
-    """Insert a run of puts: messages, references, then each endpoint's figures once."""
-    conn.executemany(_INSERT_MESSAGE, rows)
-    conn.executemany(_INSERT_REF, refs)
-    conn.executemany(_ADD_TO_ENDPOINT, [(name, m, b) for name, (m, b) in delta.items()])
-    touched.update(dict.fromkeys(delta))

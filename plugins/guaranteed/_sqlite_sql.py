@@ -3,7 +3,8 @@ statements of its hot paths, and the queries its ``check()`` runs."""
 
 from __future__ import annotations
 
-from typing import Final
+import sqlite3
+from typing import Any, Final
 
 #: Bumped when the tables change; a file with another version is refused.
 SCHEMA_VERSION: Final = 1
@@ -125,3 +126,17 @@ _CHECKS = (
         " WHERE key = 'next_id' AND value <= (SELECT coalesce(max(id), 0) FROM messages)",
     ),
 )
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    rows: list[Any],
+    refs: list[Any],
+    delta: dict[str, list[int]],
+    touched: dict[str, None],
+) -> None:
+    """Insert a run of puts: messages, references, then each endpoint's figures once."""
+    conn.executemany(_INSERT_MESSAGE, rows)
+    conn.executemany(_INSERT_REF, refs)
+    conn.executemany(_ADD_TO_ENDPOINT, [(name, m, b) for name, (m, b) in delta.items()])
+    touched.update(dict.fromkeys(delta))
