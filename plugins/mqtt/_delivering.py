@@ -276,6 +276,7 @@ class Delivering(Parts):
         session = self.session
         assert session is not None
         limit = self.client_max_packet
+        clock_time = self.node.clock.time
         while True:
             try:
                 message = await session.receive()
@@ -292,7 +293,14 @@ class Delivering(Parts):
                         break
                     batch.append(more)
                 out = []
+                now = clock_time()
                 for each in batch:
+                    expires = each.expires_at
+                    if expires is not None and expires <= now:
+                        # It waited in the buffer past its expiry interval: gone, as
+                        # MQTT-3.3.2-5 asks (the write-through path sends at once).
+                        self.listener.expired += 1
+                        continue
                     if self._special and self._skip(each):
                         continue
                     if each.topic[0] == "$" and self._hidden(each.topic, False):

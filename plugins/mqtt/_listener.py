@@ -61,6 +61,9 @@ class MqttListenerStatistics:
     """Publishes the node refused (ACL, limits)."""
     too_large: int
     """Messages not sent: over the client's maximum packet size."""
+    expired: int
+    """QoS 0 messages not sent: their expiry interval ran out while they waited for
+    the client's connection (QoS 1 ones are counted by the client's queue)."""
     wills: int
     """Will messages published as their connection ended, or was taken over (one that
     waited for its delay counts in the VPN's ``mqtt.delayed_wills``)."""
@@ -86,6 +89,7 @@ class MqttListener(RenewableCertificates):
         self.connections: set[MqttConnection] = set()
         self.accepted = self.logins = self.refused = self.turned_away = self.malformed = 0
         self.received = self.sent = self.refused_publishes = self.too_large = self.wills = 0
+        self.expired = 0
         self.written_through = 0
         self.logging_in = 0
 
@@ -114,6 +118,7 @@ class MqttListener(RenewableCertificates):
             self.written_through,
             self.refused_publishes,
             self.too_large,
+            self.expired,
             self.wills,
         )
 

@@ -198,6 +198,27 @@ async def test_a_qos_0_message_keeps_its_expiry_interval() -> None:
         assert (second.topic, second.message_expiry_interval) == ("news/2", None)
 
 
+# On trio every direct message waits in the session's buffer for the connection's
+# delivery task (asyncio's plain TCP writes an idle connection's at once, unexpired).
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_qos_0_message_that_expired_in_the_buffer_is_not_sent() -> None:
+    clock = ManualClock()
+    async with Node(name="edge", clock=clock) as node:
+        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
+        device = await login(listener.port, connect("watcher"))
+        async with device.stream:
+            await device.stream.send(subscribe(1, ("news/#", 0)))
+            await device.take(mqtt5.SubAckPacket)
+            sender = node.connect()
+            sender.publish("news/1", b"stale soon", ttl=1)
+            sender.publish("news/2", b"still good", ttl=100)
+            clock.advance(5)  # before the delivery task has run
+            sender.publish("news/3", b"no expiry")
+            await device.read_until(lambda: b"no expiry" in device.payloads())
+            assert device.payloads() == [b"still good", b"no expiry"]
+        assert listener.statistics().expired == 1
+
+
 async def test_a_qos_0_will_keeps_its_expiry_interval() -> None:
     clock = ManualClock()
     async with Node(name="edge", clock=clock) as node:
