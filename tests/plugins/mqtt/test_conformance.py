@@ -6,6 +6,7 @@ closes its connection, as MQTT asks)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -175,67 +176,61 @@ async def test_a_message_that_expired_in_the_queue_is_not_sent() -> None:
             assert again.payloads() == []
 
 
-async def test_a_qos_0_message_keeps_its_expiry_interval() -> None:
-    # MQTT-3.3.2-6: a QoS 0 message goes out with the interval it has left, as QoS 1 does.
+@contextlib.asynccontextmanager
+async def watched(topic_filter: str) -> AsyncIterator[tuple[ManualClock, MqttListener, Raw]]:
+    """A node on a virtual clock with an MQTT listener, and an MQTT 5 client logged in
+    and subscribed to ``topic_filter`` at QoS 0."""
     clock = ManualClock()
     async with Node(name="edge", clock=clock) as node:
         listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
-        device = await login(listener.port, connect("watcher"))
-        async with device.stream:
-            await device.stream.send(subscribe(1, ("news/#", 0)))
-            await device.take(mqtt5.SubAckPacket)
-            sender = await login(listener.port, connect("sender"))
-            async with sender.stream:
-                await sender.stream.send(
-                    mqtt5.PublishPacket(
-                        "news/1", b"soon stale", message_expiry_interval=100
-                    ).write()
-                    + mqtt5.PublishPacket("news/2", b"good for ever").write()
-                )
-                first = await device.take(mqtt5.PublishPacket)
-                second = await device.take(mqtt5.PublishPacket)
-        assert (first.topic, first.message_expiry_interval) == ("news/1", 100)
-        assert (second.topic, second.message_expiry_interval) == ("news/2", None)
+        watcher = await login(listener.port, connect("watcher"))
+        async with watcher.stream:
+            await watcher.stream.send(subscribe(1, (topic_filter, 0)))
+            await watcher.take(mqtt5.SubAckPacket)
+            yield clock, listener, watcher
+
+
+async def test_a_qos_0_message_keeps_its_expiry_interval() -> None:
+    # MQTT-3.3.2-6: a QoS 0 message goes out with the interval it has left, as QoS 1 does.
+    async with watched("news/#") as (_, listener, device):
+        sender = await login(listener.port, connect("sender"))
+        async with sender.stream:
+            await sender.stream.send(
+                mqtt5.PublishPacket("news/1", b"soon stale", message_expiry_interval=100).write()
+                + mqtt5.PublishPacket("news/2", b"good for ever").write()
+            )
+            first = await device.take(mqtt5.PublishPacket)
+            second = await device.take(mqtt5.PublishPacket)
+    assert (first.topic, first.message_expiry_interval) == ("news/1", 100)
+    assert (second.topic, second.message_expiry_interval) == ("news/2", None)
 
 
 # On trio every direct message waits in the session's buffer for the connection's
 # delivery task (asyncio's plain TCP writes an idle connection's at once, unexpired).
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_qos_0_message_that_expired_in_the_buffer_is_not_sent() -> None:
-    clock = ManualClock()
-    async with Node(name="edge", clock=clock) as node:
-        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
-        device = await login(listener.port, connect("watcher"))
-        async with device.stream:
-            await device.stream.send(subscribe(1, ("news/#", 0)))
-            await device.take(mqtt5.SubAckPacket)
-            sender = node.connect()
-            sender.publish("news/1", b"stale soon", ttl=1)
-            sender.publish("news/2", b"still good", ttl=100)
-            clock.advance(5)  # before the delivery task has run
-            sender.publish("news/3", b"no expiry")
-            await device.read_until(lambda: b"no expiry" in device.payloads())
-            assert device.payloads() == [b"still good", b"no expiry"]
+    async with watched("news/#") as (clock, listener, device):
+        sender = listener.node.connect()
+        sender.publish("news/1", b"stale soon", ttl=1)
+        sender.publish("news/2", b"still good", ttl=100)
+        clock.advance(5)  # before the delivery task has run
+        sender.publish("news/3", b"no expiry")
+        await device.read_until(lambda: b"no expiry" in device.payloads())
+        assert device.payloads() == [b"still good", b"no expiry"]
         assert listener.statistics().expired == 1
 
 
 async def test_a_qos_0_will_keeps_its_expiry_interval() -> None:
-    clock = ManualClock()
-    async with Node(name="edge", clock=clock) as node:
-        listener = await start_mqtt_listener(node, MqttListenerSettings(port=0))
-        watcher = await login(listener.port, connect("watcher"))
-        async with watcher.stream:
-            await watcher.stream.send(subscribe(1, ("status/#", 0)))
-            await watcher.take(mqtt5.SubAckPacket)
-            will = mqtt5.Will("status/device", payload=b"gone", message_expiry_interval=60)
-            device = await login(listener.port, connect("device", will=will))
-            await device.stream.aclose()  # no DISCONNECT: the will goes
-            got = await watcher.take(mqtt5.PublishPacket)
-        assert (got.topic, got.payload, got.message_expiry_interval) == (
-            "status/device",
-            b"gone",
-            60,
-        )
+    async with watched("status/#") as (_, listener, watcher):
+        will = mqtt5.Will("status/device", payload=b"gone", message_expiry_interval=60)
+        device = await login(listener.port, connect("device", will=will))
+        await device.stream.aclose()  # no DISCONNECT: the will goes
+        got = await watcher.take(mqtt5.PublishPacket)
+    assert (got.topic, got.payload, got.message_expiry_interval) == (
+        "status/device",
+        b"gone",
+        60,
+    )
 
 
 async def test_a_retained_qos_0_value_goes_when_it_expires() -> None:
