@@ -40,7 +40,8 @@ MAX_ENTRIES = 1024
 works through it. A tail that would hold more is dropped (its consumer is behind)."""
 
 MAX_BYTES = 16 * 1024 * 1024
-"""Payload bytes all tails hold at most together."""
+"""Payload bytes all tails hold at most together; one tail holds an eighth of it at
+most, so a tail whose consumer went away cannot keep the others out."""
 
 
 class _Tail:
@@ -94,7 +95,11 @@ class TailCache:
                 continue
             row = rows[message_id - first]
             size = len(row[2])
-            if len(tail.ids) >= self.max_entries or self.size + size > self.max_bytes:
+            if (
+                len(tail.ids) >= self.max_entries
+                or tail.size + size > self.max_bytes // 8
+                or self.size + size > self.max_bytes
+            ):
                 self.drop(endpoint)  # behind, or no room: it reads from the database
                 continue
             tail.ids.append(message_id)

@@ -151,6 +151,19 @@ async def test_a_consumer_that_falls_behind_reads_from_the_database(tmp_path: Pa
         assert store._tail.misses == 2
 
 
+async def test_one_tail_takes_an_eighth_of_the_memory_at_most(tmp_path: Path) -> None:
+    async with SqliteStore(tmp_path / "spool.sqlite") as store:
+        store._tail = TailCache(max_bytes=8000)
+        for name in ("idle", "busy"):
+            assert await store.read(name, 0, 10) == []  # both followed
+        await store.put_many([NewMessage("t/1", bytes(600), ("idle",))])
+        assert store._tail.size == 600
+        await store.put_many([NewMessage("t/2", bytes(600), ("idle",))])
+        assert len(store._tail) == 1  # over 1000 bytes: dropped, 'busy' keeps its room
+        await store.put_many([NewMessage("t/3", bytes(900), ("busy",))])
+        assert store._tail.size == 900
+
+
 async def test_a_consumer_reading_while_puts_commit_misses_nothing(tmp_path: Path) -> None:
     # Reads of the database and commits take turns on the worker thread, and the event
     # loop takes up their results in either order: a read whose result comes back after
