@@ -63,6 +63,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="keep it as the topic's last value for later subscribers (an empty MESSAGE clears it)",
     )
     pub.add_argument(
+        "--ttl",
+        type=float,
+        metavar="SECONDS",
+        help="time to live: the message expires SECONDS after it is published",
+    )
+    pub.add_argument(
         "-t",
         "--timestamps",
         action="store_true",
@@ -132,9 +138,13 @@ async def _pub(args: argparse.Namespace) -> None:
     async with _session(args) as session:
         for payload in payloads:
             if args.guaranteed:
-                await session.send(args.topic, payload, headers=headers or None, retain=args.retain)
+                await session.send(
+                    args.topic, payload, headers=headers or None, retain=args.retain, ttl=args.ttl
+                )
             else:
-                session.publish(args.topic, payload, headers=headers or None, retain=args.retain)
+                session.publish(
+                    args.topic, payload, headers=headers or None, retain=args.retain, ttl=args.ttl
+                )
         await session.confirm()
     print(f"published {len(payloads)} message(s) to {args.topic}", file=sys.stderr)
 
@@ -264,6 +274,7 @@ def _json(message: Any, out: IO[bytes]) -> None:
         "headers": dict(message.headers),
         "delivery_mode": message.delivery_mode.value,
         "retained": message.retained,
+        "expires_at": message.expires_at,
     }
     out.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
 

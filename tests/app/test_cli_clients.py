@@ -13,6 +13,7 @@ import base64
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,6 +161,26 @@ def test_sub_reconnect_says_when_it_loses_and_regains_the_node(
     # then its attempts, each said, until one succeeds
     assert all(line.startswith("meshbus sub: reconnect") for line in lines[2:]), lines
     assert any(line.startswith(f"meshbus sub: reconnected to {setup.url}") for line in lines)
+
+
+@pytest.mark.slow  # about 3 s: a node and four client processes
+def test_pub_ttl_gives_messages_a_time_to_live_and_refuses_a_bad_one(
+    setup: Setup, start: Start
+) -> None:
+    setup.start_node(start)
+    before = time.time()
+    for args in (["--retain", "--ttl", "60", "meters/1", "41"], ["--retain", "meters/2", "42"]):
+        status, _, err = command(setup, "pub", *setup.options(), *args)
+        assert status == 0, err
+    status, _, err = command(setup, "pub", *setup.options(), "--ttl", "-1", "meters/3", "43")
+    assert (status, err.count("\n")) == (1, 1), err
+    assert "invalid-ttl" in err
+    status, out, err = command(setup, "sub", *setup.options(), "meters/*", "-C", "2", "-F", "json")
+    assert status == 0, err
+    records = {r["topic"]: r for r in map(orjson.loads, out.splitlines())}
+    assert sorted(records) == ["meters/1", "meters/2"]  # the refused one was not kept
+    assert before + 59 < records["meters/1"]["expires_at"] < time.time() + 60
+    assert records["meters/2"]["expires_at"] is None
 
 
 @pytest.mark.slow  # about 3 s: a node and three client processes

@@ -76,6 +76,7 @@ def test_json_writes_text_when_it_is_utf8_and_base64_saying_so_when_not(
         "headers": {"unit": "bar"},
         "delivery_mode": DeliveryMode.DIRECT.value,
         "retained": False,
+        "expires_at": None,
     }
 
 
