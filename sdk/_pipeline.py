@@ -53,6 +53,10 @@ class Pipeline:
         """Whether the router called ``name`` runs per message."""
         return self._enabled[name]
 
+    def enabled_names(self) -> frozenset[str]:
+        """The names of the routers that run per message."""
+        return frozenset(name for name, on in self._enabled.items() if on)
+
     @property
     def names(self) -> tuple[str, ...]:
         """Router names in call order."""

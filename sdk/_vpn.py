@@ -78,6 +78,7 @@ class Vpn:
         pipeline.add_router(LinkRouter.ROUTER, self.links.route, enabled=False)
         self.routers = pipeline.names
         self._route = pipeline.compile()
+        self._enabled_routers = pipeline.enabled_names()
         # counters carried over from closed sessions, plus the VPN's own
         self._closed_totals = [0, 0, 0, 0]  # published, delivered, discarded, denied
         self.unmatched = 0
@@ -505,10 +506,20 @@ class Vpn:
         """
         if self._pipeline.enable(name, enabled):
             self._route = self._pipeline.compile()
+            self._enabled_routers = self._pipeline.enabled_names()
 
     def router_enabled(self, name: str) -> bool:
         """Whether the router called ``name`` runs for each message."""
         return self._pipeline.is_enabled(name)
+
+    def routers_besides(self, name: str) -> bool:
+        """Whether a router other than ``name`` runs for each message.
+
+        A plugin whose own router would let a message pass may skip building and
+        dispatching it when this is false: nothing else would deliver it.
+        """
+        enabled = self._enabled_routers
+        return len(enabled) > (name in enabled)
 
     # --- per message --------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from . import _hookspecs
 from ._config import SECTIONS
 from ._durability import DURABILITY
 from ._memory import MemoryStore
-from ._service import GuaranteedService
+from ._service import ROUTER, GuaranteedService
 from ._sqlite import SqliteStore
 from ._store import SpoolStore
 
@@ -89,7 +89,7 @@ async def _running(node: Node) -> AsyncIterator[None]:
 def meshbus_vpn_pipeline(vpn: Vpn, pipeline: Pipeline) -> None:
     service = vpn.node.stash[SERVICE]
     # Off until a queue in this VPN has a subscription.
-    pipeline.add_router("guaranteed", service.router_for(vpn), enabled=False)
+    pipeline.add_router(ROUTER, service.router_for(vpn), enabled=False)
 
 
 @hookimpl

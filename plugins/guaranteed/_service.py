@@ -38,12 +38,14 @@ from ._queue import Queue, QueueFlow, endpoints_of, message_meta
 from ._settings import MAX_MESSAGE_SIZE, META_HEADER, QueueSettings, endpoint_filter
 from ._store import NewMessage, SpoolStore
 
-__all__ = ["GuaranteedService"]
+__all__ = ["ROUTER", "GuaranteedService"]
 
 log = logging.getLogger("meshbus.guaranteed")
 
 #: Seconds between sweeps for messages past their TTL that no flow will hand out.
 TTL_SWEEP_INTERVAL = 1.0
+ROUTER = "guaranteed"
+"""The name of the plugin's router in each VPN's pipeline."""
 
 
 class GuaranteedService(GuaranteedMessaging):
@@ -101,7 +103,7 @@ class GuaranteedService(GuaranteedMessaging):
         index = self._indexes.setdefault(vpn, SubscriptionIndex())
         for topic_filter in filters:
             index.add(topic_filter, queue)
-        the_vpn.enable_router("guaranteed", len(index) > 0)
+        the_vpn.enable_router(ROUTER, len(index) > 0)
         self._interest_changed(queue)
         return queue
 
@@ -122,7 +124,7 @@ class GuaranteedService(GuaranteedMessaging):
             queue.settings, subscriptions=(*queue.settings.subscriptions, subscription)
         )
         self._indexes.setdefault(vpn, SubscriptionIndex()).add(topic_filter, queue)
-        self.node.vpn(vpn).enable_router("guaranteed", True)
+        self.node.vpn(vpn).enable_router(ROUTER, True)
         self._interest_changed(queue)
 
     def remove_subscription(self, name: str, subscription: str, *, vpn: str = "default") -> None:
@@ -143,7 +145,7 @@ class GuaranteedService(GuaranteedMessaging):
         index = self._indexes[vpn]
         for topic_filter in before - set(queue.filters()):
             index.remove(topic_filter, queue)
-        self.node.vpn(vpn).enable_router("guaranteed", len(index) > 0)
+        self.node.vpn(vpn).enable_router(ROUTER, len(index) > 0)
         self._interest_changed(queue)
 
     def _interest_changed(self, queue: Queue) -> None:
@@ -211,7 +213,7 @@ class GuaranteedService(GuaranteedMessaging):
         endpoint.subscription = topic_filter
         if topic_filter is not None:
             index.add(topic_filter, endpoint)
-        vpn.enable_router("guaranteed", len(index) > 0)
+        vpn.enable_router(ROUTER, len(index) > 0)
         self._interest_changed(endpoint)
 
     # The subscriptions of topic endpoints outlive the process (they are durable
@@ -304,7 +306,7 @@ class GuaranteedService(GuaranteedMessaging):
                 index.remove(topic_filter, queue)
             vpn = self.node.vpns.get(queue.vpn_name)
             if vpn is not None:
-                vpn.enable_router("guaranteed", len(index) > 0)
+                vpn.enable_router(ROUTER, len(index) > 0)
         self._interest_changed(queue)
         queue._wake()
 
@@ -331,6 +333,10 @@ class GuaranteedService(GuaranteedMessaging):
         origin = self._new_origin()
         if accepted:
             await self._spool(accepted, topic, payload, _with_meta(options, session, origin), now)
+        vpn = session.vpn
+        if not vpn.routers_besides(ROUTER):  # no subscription or link could take a copy
+            vpn.unmatched += not accepted
+            return
         # Client subscriptions get it too, as a direct message (SPEC 4).
         ttl = options["ttl"]
         message = Message(
@@ -348,7 +354,7 @@ class GuaranteedService(GuaranteedMessaging):
             retain=options.get("retain", False),
             redelivered=options.get("redelivered", False),
         )
-        session.vpn.dispatch(
+        vpn.dispatch(
             Envelope(message, session, endpoints_of(accepted), _mode(options)),
             count_unmatched=not accepted,
         )
@@ -406,12 +412,17 @@ class GuaranteedService(GuaranteedMessaging):
             for accepted in holders:
                 for queue in accepted:
                     queue.stored()
+        vpn = session.vpn
+        if not vpn.routers_besides(ROUTER):  # no subscription or link could take a copy
+            vpn.unmatched += sum(not accepted for accepted in holders)
+            return results
         holding = iter(holders)
         origin_of = iter(origins)
         mode = _mode(options)
         ttl = options["ttl"]
         for (topic, payload), result in zip(messages, results, strict=True):
             if result is None:
+                accepted = next(holding)
                 message = Message(
                     topic,
                     payload,
@@ -421,9 +432,9 @@ class GuaranteedService(GuaranteedMessaging):
                     origin=next(origin_of),
                     expires_at=now + ttl if ttl else None,
                 )
-                session.vpn.dispatch(
-                    Envelope(message, session, endpoints_of(next(holding)), mode),
-                    count_unmatched=False,
+                vpn.dispatch(
+                    Envelope(message, session, endpoints_of(accepted), mode),
+                    count_unmatched=not accepted,
                 )
         return results
 

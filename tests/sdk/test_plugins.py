@@ -375,6 +375,21 @@ async def test_contributed_routers_see_every_publish_without_pluggy() -> None:
         assert node.vpn().statistics().unmatched == 2
 
 
+async def test_a_vpn_says_whether_routers_besides_one_are_on() -> None:
+    async with Node(plugins=["direct", Counting()]) as node:
+        vpn = node.vpn()
+        assert vpn.routers_besides("direct")  # the counting router is on
+        vpn.enable_router("counting", False)
+        assert not vpn.routers_besides("direct")  # direct is off too: no subscription
+        assert not vpn.routers_besides("counting")
+        subscriber = node.connect()
+        subscriber.subscribe("a/>")
+        assert vpn.routers_besides("counting")
+        assert not vpn.routers_besides("direct")
+        subscriber.unsubscribe("a/>")
+        assert not vpn.routers_besides("counting")
+
+
 async def test_contributed_router_is_per_vpn() -> None:
     counting = Counting()
     async with Node(plugins=["direct", counting]) as node:

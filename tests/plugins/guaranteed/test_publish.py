@@ -491,6 +491,14 @@ async def test_a_message_a_queue_took_is_not_counted_unmatched() -> None:
         assert node.vpn().statistics().unmatched == 0
         await s.send("nowhere/1", b"no queue, no subscriber")
         assert node.vpn().statistics().unmatched == 1
+        # send_many counts the same way, one per message nothing took
+        await s.send_many([("nowhere/2", b"x"), ("t/3", b"held"), ("nowhere/3", b"y")])
+        assert node.vpn().statistics().unmatched == 3
+        # ... and so do both when a subscriber elsewhere has the direct router routing
+        node.connect().subscribe("elsewhere/>")
+        await s.send("nowhere/4", b"z")
+        await s.send_many([("nowhere/5", b"x"), ("t/4", b"held")])
+        assert node.vpn().statistics().unmatched == 5
 
 
 async def test_a_failing_store_discards_spooled_direct_messages_but_the_node_lives(
