@@ -50,7 +50,7 @@ from meshbus.transports import Backoff, TlsSettings
 
 from ._client_codec import ClientCodec
 from ._codec import MQTT_5, MQTT_311, AnyPublish, MalformedPacket, PacketReader, Publish311
-from ._translate import publish_options, v5_properties
+from ._translate import publish_options, take_header, v5_properties
 
 __all__ = [
     "HOP_COUNT_PROPERTY",
@@ -552,7 +552,7 @@ class MqttLink(Link):
             options = publish_options(packet)
             headers = options.get("headers")
             if headers and HOP_COUNT_PROPERTY in headers:
-                text = headers.pop(HOP_COUNT_PROPERTY)
+                text = take_header(headers, HOP_COUNT_PROPERTY)
                 hops = int(text) if isinstance(text, str) and text.isdigit() else 0
                 if not headers:
                     del options["headers"]

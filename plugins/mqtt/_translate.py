@@ -8,6 +8,9 @@
 * MQTT 5 user properties are the message's headers (string values; another value
   goes out as its JSON text). A name that comes more than once keeps every value, in
   order, as a list of strings, and such a list goes out as one property per value.
+  When the names were interleaved (``a, b, a``), the header ``user-property-order``
+  lists the names in the order they came, so that they go out in that order again
+  (MQTT-3.3.2-18); properties whose names come in runs need no such header.
   The response topic is the reply-to, the correlation data the correlation id (bytes
   as Latin-1 text, so any bytes survive), the message expiry interval the TTL, the
   content type the header ``content-type`` and a payload format indicator of 1 (UTF-8
@@ -26,8 +29,10 @@ from meshbus import Message
 __all__ = [
     "CONTENT_TYPE",
     "PAYLOAD_FORMAT",
+    "USER_PROPERTY_ORDER",
     "correlation_bytes",
     "publish_options",
+    "take_header",
     "v5_properties",
 ]
 
@@ -37,6 +42,10 @@ CONTENT_TYPE = "content-type"
 PAYLOAD_FORMAT = "payload-format"
 """The header that says a payload is UTF-8 text (``"utf-8"``): MQTT 5's payload
 format indicator 1."""
+
+USER_PROPERTY_ORDER = "user-property-order"
+"""The header that lists user property names in the order they came, when grouping
+the values by name would change it."""
 
 
 def publish_options(packet: Any) -> dict[str, Any]:
@@ -62,7 +71,8 @@ def publish_options(packet: Any) -> dict[str, Any]:
 
 
 def _headers(properties: Any) -> dict[str, Any]:
-    """User properties as headers: a name given more than once keeps all its values."""
+    """User properties as headers: a name given more than once keeps all its values,
+    and their order is kept too when the names were interleaved."""
     headers: dict[str, Any] = {}
     for name, value in properties:
         held = headers.get(name)
@@ -72,11 +82,84 @@ def _headers(properties: Any) -> dict[str, Any]:
             held.append(value)
         else:
             headers[name] = [held, value]
+    if len(headers) < len(properties) and USER_PROPERTY_ORDER not in headers:
+        names = [name for name, _ in properties]
+        if _interleaved(names):
+            headers[USER_PROPERTY_ORDER] = names
     return headers
 
 
+def _interleaved(names: list[str]) -> bool:
+    """Whether a name comes again after another name (``a, b, a``)."""
+    seen = set()
+    last = None
+    for name in names:
+        if name != last:
+            if name in seen:
+                return True
+            seen.add(name)
+            last = name
+    return False
+
+
+def take_header(headers: dict[str, Any], name: str) -> Any:
+    """Remove the user property ``name`` from ``headers`` made by :func:`publish_options`
+    (and from its order); return its value (``None`` when absent)."""
+    value = headers.pop(name, None)
+    order = headers.get(USER_PROPERTY_ORDER)
+    if (
+        value is not None
+        and order is not None
+        and _values_per_name(headers, order, leaving=name) is not None
+    ):
+        rest = [n for n in order if n != name]
+        if _interleaved(rest):
+            headers[USER_PROPERTY_ORDER] = rest
+        else:
+            del headers[USER_PROPERTY_ORDER]
+    return value
+
+
+def _values_per_name(
+    headers: Any, order: Any, leaving: str | None = None
+) -> dict[str, list[str]] | None:
+    """Each user property's values, when ``order`` is a list of their names that holds
+    each name as often as it has values (else ``None``: not an order made here);
+    ``leaving`` is a name just removed from the headers but still in ``order``."""
+    if not isinstance(order, list):
+        return None
+    values: dict[str, list[str]] = {}
+    for name, value in headers.items():
+        if name in (CONTENT_TYPE, PAYLOAD_FORMAT, USER_PROPERTY_ORDER):
+            continue
+        if isinstance(value, str):
+            values[name] = [value]
+        elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            values[name] = value
+        else:
+            return None
+    counts: dict[str, int] = {}
+    for name in order:
+        if name != leaving:
+            counts[name] = counts.get(name, 0) + 1
+    if counts != {name: len(held) for name, held in values.items()}:
+        return None
+    return values
+
+
 def _pairs(headers: Any) -> list[tuple[str, str]]:
-    """Headers as user properties (a list of strings: one property per value)."""
+    """Headers as user properties (a list of strings: one property per value), in the
+    order the headers say, when they say it."""
+    order = headers.get(USER_PROPERTY_ORDER)
+    if order is not None:
+        values = _values_per_name(headers, order)
+        if values is not None:
+            taken = dict.fromkeys(values, 0)
+            pairs = []
+            for name in order:
+                pairs.append((name, values[name][taken[name]]))
+                taken[name] += 1
+            return pairs
     pairs = []
     for name, value in headers.items():
         if name in (CONTENT_TYPE, PAYLOAD_FORMAT):

@@ -209,6 +209,23 @@ async def test_hop_counts_travel_as_the_hivemq_user_property(mosquitto: Mosquitt
         got = local.receive_nowait()
         assert got is not None
         assert (got.hop_count, dict(got.headers)) == (1, {"k": "v"})
+        # The hop count taken out of interleaved properties leaves the others' order.
+        sent = [("k", "1"), ("hmq-bridge-hop-count", "1"), ("j", "2"), ("k", "3")]
+        await observer.publish("in/z", b"3", qos=1, properties=user_properties(sent))
+        await eventually(lambda: len(local.egress) >= 1)
+        got = local.receive_nowait()
+        assert got is not None
+        order = ["k", "j", "k"]
+        assert dict(got.headers) == {"k": ["1", "3"], "j": "2", "user-property-order": order}
+        # ... and that order goes out again, with the hop count after it.
+        node.connect().publish("out/z", b"4", headers=got.headers)
+        message = await observer.receive()
+        assert message.properties.UserProperty == [
+            ("k", "1"),
+            ("j", "2"),
+            ("k", "3"),
+            ("hmq-bridge-hop-count", "1"),
+        ]
 
 
 async def test_the_bridge_forwards_expiry_payload_format_and_repeated_properties(
