@@ -378,6 +378,13 @@ class GuaranteedService(GuaranteedMessaging):
         # As in _spool: a message a queue will hand out at once gets its delivery mark
         # in the put's commit, as many per queue as its consumers have room for.
         room: dict[Queue, int] = {}
+        # What every message of the batch shares, made once: the shared headers, and
+        # the meta header but for its origin (see _with_meta).
+        shared_headers = options["headers"]
+        shared_meta = _with_meta(options, session, ("", 0))["headers"][META_HEADER]
+        persistent = options["persistent"]
+        ttl = options["ttl"]
+        expires_at = now + ttl if ttl else None  # ttl 0: never expires (as in Solace)
         for topic, payload in messages:
             size = len(payload)
             accepted, refusal = self._accepting(
@@ -395,7 +402,7 @@ class GuaranteedService(GuaranteedMessaging):
             for queue in accepted:
                 queue.reserve(size)
                 reserved.append((queue, size))
-            meta = _with_meta(options, session, origins[-1])
+            meta = {**shared_meta, "origin": list(origins[-1])}
             marked = []
             for queue in accepted:
                 left = room.get(queue)
@@ -404,7 +411,18 @@ class GuaranteedService(GuaranteedMessaging):
                 if left > 0:
                     marked.append(queue.endpoint)
                 room[queue] = left - 1
-            records.append(_record(topic, payload, accepted, meta, now, tuple(marked)))
+            records.append(
+                NewMessage(
+                    topic,
+                    payload,
+                    tuple([q.endpoint for q in accepted]),
+                    {**shared_headers, META_HEADER: meta},
+                    persistent,
+                    expires_at,
+                    now,
+                    tuple(marked),
+                )
+            )
         for queue, size in reserved:  # the store counts them from the put on
             queue.unreserve(size)
         if records:
@@ -419,7 +437,6 @@ class GuaranteedService(GuaranteedMessaging):
         holding = iter(holders)
         origin_of = iter(origins)
         mode = _mode(options)
-        ttl = options["ttl"]
         for (topic, payload), result in zip(messages, results, strict=True):
             if result is None:
                 accepted = next(holding)
@@ -430,7 +447,7 @@ class GuaranteedService(GuaranteedMessaging):
                     sender=session.client_name,
                     timestamp=now,
                     origin=next(origin_of),
-                    expires_at=now + ttl if ttl else None,
+                    expires_at=expires_at,
                 )
                 vpn.dispatch(
                     Envelope(message, session, endpoints_of(accepted), mode),

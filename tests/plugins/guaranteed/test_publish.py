@@ -378,10 +378,10 @@ async def test_send_many_returns_one_result_per_message_after_one_commit(
         svc = service(node)
         svc.create_queue("a", subscriptions=["t/>"])
         svc.create_queue("b", subscriptions=["t/even/>"])
-        s = node.connect()
+        s = node.connect(client_name="batcher")
         before = svc.store.statistics()
         batch = [(f"t/{'even' if i % 2 == 0 else 'odd'}/{i}", str(i).encode()) for i in range(10)]
-        results = await s.send_many([*batch, ("nowhere", b"x")])
+        results = await s.send_many([*batch, ("nowhere", b"x")], headers={"k": "v"})
         assert results == [None] * 11
         after = svc.store.statistics()
         assert after.commits - before.commits == 1
@@ -394,6 +394,10 @@ async def test_send_many_returns_one_result_per_message_after_one_commit(
             got = [await receive(flow) for _ in range(10)]
         assert [m.payload for m in got] == [p for _, p in batch]
         assert {m.delivery_mode for m in got} == {DeliveryMode.PERSISTENT}
+        # each keeps the batch's headers and sender, and an origin of its own
+        assert all((m.headers, m.sender) == ({"k": "v"}, "batcher") for m in got)
+        assert len({m.origin for m in got}) == 10
+        assert None not in {m.origin for m in got}
 
 
 async def test_send_many_rejects_only_the_messages_after_a_quota_is_reached(
