@@ -379,9 +379,9 @@ class GuaranteedService(GuaranteedMessaging):
         # in the put's commit, as many per queue as its consumers have room for.
         room: dict[Queue, int] = {}
         # What every message of the batch shares, made once: the shared headers, and
-        # the meta header but for its origin (see _with_meta).
+        # the meta header but for its origin (set per message, in the same place).
         shared_headers = options["headers"]
-        shared_meta = _with_meta(options, session, ("", 0))["headers"][META_HEADER]
+        shared_meta = _meta(options, session, ("", 0))
         persistent = options["persistent"]
         ttl = options["ttl"]
         expires_at = now + ttl if ttl else None  # ttl 0: never expires (as in Solace)
@@ -799,16 +799,25 @@ def _mode(options: Mapping[str, Any]) -> DeliveryMode:
     return DeliveryMode.PERSISTENT if options["persistent"] else DeliveryMode.NON_PERSISTENT
 
 
-def _with_meta(
-    options: Mapping[str, Any], session: Session, origin: tuple[str, int]
-) -> dict[str, Any]:
+def _meta(options: Mapping[str, Any], session: Session, origin: tuple[str, int]) -> dict[str, Any]:
+    """The meta header of a message ``session`` sends with ``options``."""
     meta = message_meta(session.client_name, options["reply_to"], options["correlation_id"])
     meta["origin"] = list(origin)
     if options.get("redelivered"):  # sent again: its queues deliver it flagged
         meta["redelivered"] = True
     if options.get("retain"):  # published to be retained: kept for retain-as-published
         meta["retain"] = True
-    return {**options, "headers": {**options["headers"], META_HEADER: meta}}
+    return meta
+
+
+def _with_meta(
+    options: Mapping[str, Any], session: Session, origin: tuple[str, int]
+) -> dict[str, Any]:
+    """``options`` with the meta header among their headers."""
+    return {
+        **options,
+        "headers": {**options["headers"], META_HEADER: _meta(options, session, origin)},
+    }
 
 
 def _record(
