@@ -105,13 +105,10 @@ def _interleaved(names: list[str]) -> bool:
 def take_header(headers: dict[str, Any], name: str) -> Any:
     """Remove the user property ``name`` from ``headers`` made by :func:`publish_options`
     (and from its order); return its value (``None`` when absent)."""
-    value = headers.pop(name, None)
     order = headers.get(USER_PROPERTY_ORDER)
-    if (
-        value is not None
-        and order is not None
-        and _values_per_name(headers, order, leaving=name) is not None
-    ):
+    fits = order is not None and _values_per_name(headers, order) is not None
+    value = headers.pop(name, None)
+    if value is not None and fits and order is not None:
         rest = [n for n in order if n != name]
         if _interleaved(rest):
             headers[USER_PROPERTY_ORDER] = rest
@@ -120,12 +117,9 @@ def take_header(headers: dict[str, Any], name: str) -> Any:
     return value
 
 
-def _values_per_name(
-    headers: Any, order: Any, leaving: str | None = None
-) -> dict[str, list[str]] | None:
+def _values_per_name(headers: Any, order: Any) -> dict[str, list[str]] | None:
     """Each user property's values, when ``order`` is a list of their names that holds
-    each name as often as it has values (else ``None``: not an order made here);
-    ``leaving`` is a name just removed from the headers but still in ``order``."""
+    each name as often as it has values (else ``None``: not an order made here)."""
     if not isinstance(order, list):
         return None
     values: dict[str, list[str]] = {}
@@ -140,8 +134,7 @@ def _values_per_name(
             return None
     counts: dict[str, int] = {}
     for name in order:
-        if name != leaving:
-            counts[name] = counts.get(name, 0) + 1
+        counts[name] = counts.get(name, 0) + 1
     if counts != {name: len(held) for name, held in values.items()}:
         return None
     return values
